@@ -1,0 +1,200 @@
+"""The plugin host: loads entry points one at a time and records what failed.
+
+Deliberate choices (learned from pytest, tox, datasette and llm):
+- each entry point of the group ``atlas_core.plugins`` is imported on its own; a plugin that raises
+  at import (or in its hook) is recorded with its distribution, version and error, and the host
+  carries on. ``ATLAS_STRICT_PLUGINS=1`` re-raises instead (the conformance kit always does);
+- registration is explicit through the `atlas_register` hook, never an import side effect;
+- a hook implementation whose name is not a known hook is an error with a "did you mean";
+- order is deterministic: the core first, then the other namespaces sorted by name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import ModuleType
+from typing import Any
+
+import pluggy
+
+from ..errors import PluginError, did_you_mean
+from . import hookspecs
+from .registry import NamespacedRegistry, Provider, Registry
+
+ENTRY_POINT_GROUP = "atlas_core.plugins"
+STRICT_ENV = "ATLAS_STRICT_PLUGINS"
+DISABLE_ENV = "ATLAS_DISABLE_PLUGINS"  # comma-separated namespaces to skip
+
+
+@dataclass
+class PluginRecord:
+    namespace: str
+    module: str
+    distribution: str
+    version: str
+    status: str = "pending"  # "ok" | "failed" | "disabled"
+    error: str | None = None
+    traceback: str | None = None
+    components: list[str] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)
+    import_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "module": self.module,
+            "distribution": self.distribution,
+            "version": self.version,
+            "status": self.status,
+            "error": self.error,
+            "components": list(self.components),
+            "hooks": list(self.hooks),
+            "import_seconds": round(self.import_seconds, 4),
+        }
+
+
+def strict_from_env() -> bool:
+    return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    seen: dict[str, metadata.EntryPoint] = {}
+    for ep in eps:  # the same distribution found twice on sys.path: keep the first
+        seen.setdefault(ep.name, ep)
+    return sorted(seen.values(), key=lambda e: (e.name != "core", e.name))
+
+
+def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "<unknown>", "?"
+    return dist.metadata["Name"] or "<unknown>", dist.version or "?"
+
+
+class PluginHost:
+    """Loads plugins into a `Registry`. Use `get_host()` for the process-wide instance."""
+
+    def __init__(self, *, strict: bool | None = None) -> None:
+        self.strict = strict_from_env() if strict is None else strict
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self.registry = Registry()
+        self.records: dict[str, PluginRecord] = {}
+        self._modules: dict[str, ModuleType] = {}
+
+    # -- loading ------------------------------------------------------------------------------
+    def load_entry_points(self) -> "PluginHost":
+        disabled = {s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()}
+        for ep in _entry_points():
+            dist, version = _dist_of(ep)
+            rec = PluginRecord(ep.name, ep.value, dist, version)
+            self.records[ep.name] = rec
+            if ep.name in disabled:
+                rec.status = "disabled"
+                continue
+            t0 = time.perf_counter()
+            try:
+                module = ep.load()
+            except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                self._fail(rec, exc)
+                continue
+            finally:
+                rec.import_seconds = time.perf_counter() - t0
+            self.add_plugin_module(ep.name, module, rec)
+        return self
+
+    def add_plugin_module(
+        self, namespace: str, module: ModuleType, record: PluginRecord | None = None
+    ) -> PluginRecord:
+        """Register one plugin module (also used by tests and by `atlas check` on a path)."""
+        rec = record or PluginRecord(namespace, getattr(module, "__name__", "?"), "<local>", "0")
+        self.records[namespace] = rec
+        try:
+            self._check_hook_names(module)
+            self.pm.register(module, name=namespace)
+            rec.hooks = sorted(
+                name for name in hookspecs.HOOK_NAMES
+                if any(i.plugin_name == namespace for i in getattr(self.pm.hook, name).get_hookimpls())
+            )
+            provider = Provider(namespace, rec.distribution, rec.version, rec.module)
+            view = NamespacedRegistry(self.registry, provider)
+            before = {c.name for c in self.registry.all()}
+            impl = getattr(module, "atlas_register", None)
+            if impl is not None:
+                impl(registry=view)
+            rec.components = sorted({c.name for c in self.registry.all()} - before)
+            rec.status = "ok"
+            self._modules[namespace] = module
+        except BaseException as exc:  # noqa: BLE001
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            if self.pm.is_registered(module):
+                self.pm.unregister(module)
+            self._fail(rec, exc)
+        return rec
+
+    def _check_hook_names(self, module: ModuleType) -> None:
+        marker = f"{hookspecs.PROJECT}_impl"
+        for attr in dir(module):
+            obj = getattr(module, attr, None)
+            if callable(obj) and hasattr(obj, marker) and attr not in hookspecs.HOOK_NAMES:
+                hint = did_you_mean(attr, hookspecs.HOOK_NAMES) or (
+                    "known hooks: " + ", ".join(hookspecs.HOOK_NAMES)
+                )
+                raise PluginError(f"unknown hook {attr!r}; {hint}")
+
+    def _fail(self, rec: PluginRecord, exc: BaseException) -> None:
+        rec.status = "failed"
+        rec.error = f"{type(exc).__name__}: {exc}"
+        rec.traceback = "".join(traceback.format_exception(exc))
+        if self.strict:
+            raise PluginError(
+                f"plugin {rec.namespace!r} ({rec.distribution} {rec.version}, {rec.module}) "
+                f"failed to load: {rec.error}"
+            ) from exc
+
+    # -- queries ------------------------------------------------------------------------------
+    def failed(self) -> list[PluginRecord]:
+        return [r for r in self.records.values() if r.status == "failed"]
+
+    def cli_apps(self) -> list[tuple[str, Any, str]]:
+        """(command name, typer app, namespace) from every plugin's `atlas_cli_apps` hook."""
+        out = []
+        for ns, module in sorted(self._modules.items()):
+            fn = getattr(module, "atlas_cli_apps", None)
+            if fn is None:
+                continue
+            try:
+                for name, app in fn() or []:
+                    out.append((name, app, ns))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(self.records[ns], exc)
+        return out
+
+
+_HOST: PluginHost | None = None
+
+
+def get_host() -> PluginHost:
+    """The process-wide host, loading entry points on first use."""
+    global _HOST
+    if _HOST is None:
+        _HOST = PluginHost().load_entry_points()
+    return _HOST
+
+
+def get_registry() -> Registry:
+    return get_host().registry
+
+
+def reset_host(host: PluginHost | None = None) -> None:
+    """Forget the process-wide host (tests), or install a given one."""
+    global _HOST
+    _HOST = host

@@ -1,0 +1,305 @@
+"""Typed registries of components, with provenance.
+
+Every component has a kind (see `KINDS`), a name ``namespace:name``, a lazily imported factory, an
+optional pydantic params model, declared capabilities and the plugin that provided it. Plugins
+receive a `NamespacedRegistry`, which only accepts names in their own namespace, so provenance is
+always right and two plugins can never silently shadow each other.
+
+Factories are called as ``factory(params, ctx)`` where ``params`` is the validated params model
+(or None when the component takes none) and ``ctx`` a `BuildContext` that can build nested
+components (an Omega window builds its inner bias this way).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import Issue, PluginError, SpecError, UnknownComponentError, did_you_mean
+
+KINDS = (
+    "structure",
+    "bias",
+    "retention",
+    "algorithm",
+    "feature_map",
+    "rule",
+    "strategy",
+    "backend",
+    "arch",
+    "task",
+)
+
+# Namespaces whose plugins are known but may not be installed: a missing one is named with the
+# distribution that provides it.
+KNOWN_DISTRIBUTIONS = {
+    "core": "atlas-memory",
+    "titans": "atlas-memory (bundled plugin)",
+    "omega": "atlas-memory (bundled plugin)",
+    "atlas_muon": "atlas-memory (bundled plugin)",
+    "mru": "atlas-memory (bundled plugin)",
+    "cuda": "atlas-memory (bundled plugin)",
+    "miras": "atlas-miras (pip install ./packages/atlas-miras)",
+}
+
+
+class Params(BaseModel):
+    """Base class of component params: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Provider:
+    namespace: str
+    distribution: str
+    version: str
+    module: str
+
+
+CORE_PROVIDER = Provider("core", "atlas-memory", "0", "atlas_core.components.plugin")
+
+
+def _load(ref: Any) -> Any:
+    """Resolve a ``"module:attribute"`` string (plugin-internal only, never from a spec)."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attr = ref.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    kind: str
+    factory: Any  # callable or "module:attribute"
+    params: Any = None  # pydantic model class, "module:attribute", or None
+    summary: str = ""
+    capabilities: frozenset[str] = frozenset()
+    priority: int = 0
+    provider: Provider = CORE_PROVIDER
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def namespace(self) -> str:
+        return self.name.split(":", 1)[0]
+
+    def load_factory(self) -> Callable:
+        return _load(self.factory)
+
+    def load_params(self) -> type[BaseModel] | None:
+        return _load(self.params) if self.params is not None else None
+
+    def validate(self, raw: Mapping[str, Any], path: str = "") -> BaseModel | None:
+        """Validate raw params; raises SpecError with every issue at its dotted path."""
+        model = self.load_params()
+        if model is None:
+            if raw:
+                keys = ", ".join(sorted(raw))
+                raise SpecError(
+                    [Issue(path, f"{self.name} takes no parameters", keys, "remove them")]
+                )
+            return None
+        try:
+            return model.model_validate(dict(raw))
+        except ValidationError as exc:
+            raise SpecError(_issues_from_validation(exc, path, model)) from None
+
+
+def _issues_from_validation(exc: ValidationError, path: str, model: type[BaseModel]) -> list[Issue]:
+    issues = []
+    fields = list(model.model_fields)
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        full = f"{path}.{loc}" if path and loc else (path or loc)
+        hint = None
+        if err["type"] == "extra_forbidden":
+            key = str(err["loc"][-1])
+            hint = did_you_mean(key, fields) or f"allowed keys: {', '.join(fields) or 'none'}"
+            msg = "unknown key"
+        else:
+            msg = err["msg"]
+        issues.append(Issue(full, msg, err.get("input"), hint))
+    return issues
+
+
+@dataclass
+class BuildContext:
+    """Handed to factories so that they can build nested components."""
+
+    registry: "Registry"
+    path: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, kind: str, value: Any, path: str) -> Any:
+        return self.registry.build(kind, value, path=path, options=self.options)
+
+
+def split_use(value: Any, path: str = "") -> tuple[str, dict[str, Any]]:
+    """``"ns:name"`` or ``{"use": "ns:name", **params}`` -> (name, params)."""
+    if isinstance(value, str):
+        return value, {}
+    if isinstance(value, Mapping):
+        if "use" not in value:
+            raise SpecError([Issue(path, "a table needs a 'use' key naming the component", dict(value))])
+        rest = {k: v for k, v in value.items() if k != "use"}
+        if not isinstance(value["use"], str):
+            raise SpecError([Issue(f"{path}.use", "must be a component name 'ns:name'", value["use"])])
+        return value["use"], rest
+    raise SpecError(
+        [Issue(path, "expected a component name 'ns:name' or a table with 'use'", value)]
+    )
+
+
+class Registry:
+    """All registered components, by kind. Deterministic iteration order (by name)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+
+    # -- registration -------------------------------------------------------------------------
+    def add(self, component: Component) -> Component:
+        if component.kind not in KINDS:
+            raise PluginError(
+                f"{component.name}: unknown kind {component.kind!r}; kinds are {', '.join(KINDS)}"
+            )
+        ns, sep, short = component.name.partition(":")
+        if not sep or not ns or not short:
+            raise PluginError(f"component name {component.name!r} must look like 'namespace:name'")
+        table = self._items[component.kind]
+        old = table.get(component.name)
+        if old is not None:
+            raise PluginError(
+                f"duplicate {component.kind} {component.name!r}: provided by "
+                f"{old.provider.distribution} ({old.provider.module}) and by "
+                f"{component.provider.distribution} ({component.provider.module})"
+            )
+        table[component.name] = component
+        return component
+
+    # -- lookup -------------------------------------------------------------------------------
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._items[kind])
+
+    def all(self, kind: str | None = None, pattern: str | None = None) -> Iterator[Component]:
+        kinds = [kind] if kind else list(KINDS)
+        for k in kinds:
+            for name in sorted(self._items[k]):
+                if pattern and not fnmatch.fnmatch(name, pattern) and pattern not in name:
+                    continue
+                yield self._items[k][name]
+
+    def find(self, name: str) -> list[Component]:
+        """Every component of any kind with this (full or unambiguous short) name."""
+        out = []
+        for k in KINDS:
+            try:
+                out.append(self.get(k, name))
+            except SpecError:
+                pass
+        return out
+
+    def get(self, kind: str, name: str, path: str = "") -> Component:
+        if kind not in KINDS:
+            raise ValueError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
+        table = self._items[kind]
+        if name in table:
+            return table[name]
+        if ":" not in name:
+            matches = [c for n, c in table.items() if n.split(":", 1)[1] == name]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                opts = " or ".join(repr(c.name) for c in matches)
+                raise UnknownComponentError(
+                    [Issue(path, f"ambiguous {kind} name", name, f"write {opts}")]
+                )
+        raise UnknownComponentError([Issue(path, f"unknown {kind}", name, self._hint(kind, name))])
+
+    def _hint(self, kind: str, name: str) -> str:
+        ns = name.split(":", 1)[0] if ":" in name else None
+        installed = {c.namespace for k in KINDS for c in self._items[k].values()}
+        if ns and ns not in installed:
+            dist = KNOWN_DISTRIBUTIONS.get(ns)
+            if dist:
+                return f"namespace {ns!r} is not installed; it is provided by {dist}"
+            return f"no installed plugin provides namespace {ns!r} (installed: {', '.join(sorted(installed))})"
+        hint = did_you_mean(name, self._items[kind])
+        if hint:
+            return hint
+        other = [c for k in KINDS if k != kind for c in [self._items[k].get(name)] if c]
+        if other:
+            return f"{name!r} is a {other[0].kind}, not a {kind}"
+        return f"see `atlas components list {kind}`"
+
+    # -- building -----------------------------------------------------------------------------
+    def build(self, kind: str, value: Any, *, path: str = "", options: dict | None = None) -> Any:
+        """Build a component from ``"ns:name"`` or ``{"use": "ns:name", **params}``."""
+        name, raw = split_use(value, path)
+        comp = self.get(kind, name, f"{path}.use" if isinstance(value, Mapping) else path)
+        params = comp.validate(raw, path)
+        ctx = BuildContext(self, path, dict(options or {}))
+        return comp.load_factory()(params, ctx)
+
+
+class NamespacedRegistry:
+    """The view of the registry a plugin's `atlas_register` hook receives."""
+
+    def __init__(self, registry: Registry, provider: Provider) -> None:
+        self._registry = registry
+        self.provider = provider
+        self.namespace = provider.namespace
+
+    def _qualify(self, name: str) -> str:
+        if ":" not in name:
+            return f"{self.namespace}:{name}"
+        ns = name.split(":", 1)[0]
+        if ns != self.namespace:
+            raise PluginError(
+                f"plugin {self.namespace!r} ({self.provider.distribution}) may only register names "
+                f"in its own namespace, not {name!r}"
+            )
+        return name
+
+    def add(
+        self,
+        kind: str,
+        name: str,
+        factory: Any,
+        *,
+        params: Any = None,
+        summary: str = "",
+        capabilities: tuple[str, ...] | frozenset[str] = (),
+        priority: int = 0,
+        **extra: Any,
+    ) -> Component:
+        comp = Component(
+            name=self._qualify(name),
+            kind=kind,
+            factory=factory,
+            params=params,
+            summary=summary,
+            capabilities=frozenset(capabilities),
+            priority=priority,
+            provider=self.provider,
+            extra=dict(extra),
+        )
+        return self._registry.add(comp)
+
+    def add_preset(self, name: str, knobs: Mapping[str, Any], *, summary: str = "") -> Component:
+        """A rule preset: default knob values that a spec may override key by key."""
+        return self.add(
+            "rule",
+            name,
+            "atlas_core.rule:build_preset",
+            summary=summary,
+            capabilities=("preset",),
+            knobs=dict(knobs),
+        )

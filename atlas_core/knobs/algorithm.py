@@ -1,0 +1,44 @@
+"""Algorithm: the inner optimiser (MATH.md, knob 4), with ``g_t = grad L_t(M_{t-1})``.
+
+Two entry points:
+- `step` advances one token (used by ``core:sequential``);
+- `chunk` advances a whole chunk from per-token gradients that were all taken at the chunk's
+  anchor (used by the chunkwise strategies). The retention there is linear, so
+  ``M_t = A_t M_0 + sum_{j<=t} (A_t / A_j) delta_j`` with ``A_t = prod_{m<=t} alpha_m``.
+
+Gates arrive per (batch, head): ``[B, H]`` in `step`, ``[B, H, C]`` in `chunk`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _bc(gate: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Broadcast a [B, H] (or [B, H, C]) gate against a weight tensor."""
+    return gate.reshape(gate.shape + (1,) * (like.dim() - gate.dim()))
+
+
+class Algorithm:
+    """Base class of inner optimisers."""
+
+    gate_names: tuple[str, ...] = ("theta",)
+    #: The update is ``alpha M - theta g`` or momentum on g: enables the linear-memory fast path.
+    linear_in_grad: bool = True
+
+    def init_opt(self, W: dict) -> dict:
+        """Optimiser state for weights W (e.g. momentum ``Z`` per weight); names are prefixed
+        by the rule."""
+        return {}
+
+    def step(self, W, opt, g, *, alpha, gates, retention):
+        """One token: returns (W_t, opt_t). ``alpha`` is [B, H]; ``gates`` maps name -> [B, H]."""
+        raise NotImplementedError
+
+    def chunk(self, W0, opt0, G, *, decay, gates):
+        """A chunk of C tokens from anchored per-token gradients ``G {k: [B, H, C, *s]}``.
+
+        ``decay`` is the [B, H, C, C] matrix ``L[t, j] = A_t / A_j`` (j <= t, else 0) and
+        ``decay_from_start`` ``A_t`` is ``decay``'s companion in ``gates["_A"]`` ([B, H, C]).
+        Returns (per-token weights ``{k: [B, H, C, *s]}``, final optimiser state)."""
+        raise NotImplementedError

@@ -1,0 +1,1 @@
+"""The ``atlas`` command-line interface (installed as ``atlas_cli``)."""

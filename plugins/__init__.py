@@ -1,0 +1,1 @@
+"""Bundled plugins, installed under the namespaced import name ``atlas_plugins``."""
