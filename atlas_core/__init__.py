@@ -1,0 +1,57 @@
+"""atlas_core: test-time memory layers composed from the MIRAS knobs.
+
+The public surface (DESIGN.md, "Public surface")::
+
+    import atlas_core as ac
+    rule = ac.build_rule({"structure": "core:linear", "bias": "core:l2", ...})
+    y, state = rule(q, k, v, gates={...}, state=None, strategy="core:sequential")
+    model = ac.build_model("examples/titans_lmm.toml")
+
+Attributes are imported on first use so that ``import atlas_core`` (and listing plugins) stays
+cheap: torch is only imported when a rule or model is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+from .host.hookspecs import hookimpl  # noqa: E402  (cheap: pluggy only)
+
+_LAZY = {
+    "build_rule": "atlas_core.rule:build_rule",
+    "Rule": "atlas_core.rule:Rule",
+    "ComposedRule": "atlas_core.rule:ComposedRule",
+    "MemoryInputs": "atlas_core.rule:MemoryInputs",
+    "build_model": "atlas_core.model:build_model",
+    "load_spec": "atlas_core.spec:load_spec",
+    "resolve_spec": "atlas_core.spec:resolve_spec",
+    "Spec": "atlas_core.spec:Spec",
+    "MemoryLayer": "atlas_core.layer:MemoryLayer",
+    "Strategy": "atlas_core.strategies.base:Strategy",
+    "resolve_strategy": "atlas_core.strategies.base:resolve_strategy",
+    "Backend": "atlas_core.backends:Backend",
+    "get_registry": "atlas_core.host.manager:get_registry",
+    "get_host": "atlas_core.host.manager:get_host",
+    "Params": "atlas_core.host.registry:Params",
+    "SpecError": "atlas_core.errors:SpecError",
+    "AtlasError": "atlas_core.errors:AtlasError",
+}
+
+__all__ = ["__version__", "hookimpl", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    ref = _LAZY.get(name)
+    if ref is None:
+        raise AttributeError(f"module 'atlas_core' has no attribute {name!r}")
+    module, _, attr = ref.partition(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,113 @@
+"""Kernel backends: where a strategy runs (PyTorch reference, Triton, CUDA).
+
+Modelled on flash-linear-attention's backend dispatcher. A backend is a registered component of
+kind ``backend`` whose ``extra["strategy"]`` names the strategy it accelerates. It has a name, a
+priority, an availability probe, and a per-call verifier returning ``(ok, reason)``. The
+strategy's own PyTorch code is always the fallback.
+
+Switches:
+- ``ATLAS_DISABLE_BACKENDS=all`` (or a comma-separated list of backend names) disables backends;
+- ``ATLAS_BACKEND=<name>`` or a strategy's ``backend = "<name>"`` parameter forces one: if it
+  cannot serve the call, the error names the backend and the verifier's reason (no silent
+  fallback). ``backend = "torch"`` forces the PyTorch code.
+
+Why a backend was passed over is logged at debug level and shown by `atlas env`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .errors import StrategyError
+
+log = logging.getLogger("atlas_core.backends")
+DISABLE_ENV = "ATLAS_DISABLE_BACKENDS"
+FORCE_ENV = "ATLAS_BACKEND"
+
+
+class Backend:
+    """Base class of kernel backends."""
+
+    name: str = "?"
+
+    def is_available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def verify(self, strategy, rule, inputs) -> tuple[bool, str]:
+        return True, ""
+
+    def run(self, strategy, rule, inputs):
+        raise NotImplementedError
+
+
+def _disabled() -> set[str] | bool:
+    raw = os.environ.get(DISABLE_ENV, "").strip()
+    if raw.lower() in {"1", "all", "true", "yes"}:
+        return True
+    return {s.strip() for s in raw.split(",") if s.strip()}
+
+
+def backends_for(strategy_name: str, registry=None):
+    if registry is None:
+        from .host.manager import get_registry
+
+        registry = get_registry()
+    comps = [c for c in registry.all("backend") if c.extra.get("strategy") == strategy_name]
+    return registry, sorted(comps, key=lambda c: (-c.priority, c.name))
+
+
+def explain(strategy_name: str, registry=None) -> list[dict[str, Any]]:
+    """For each backend of a strategy: would it be considered, and why not (no call needed)."""
+    reg, comps = backends_for(strategy_name, registry)
+    disabled = _disabled()
+    rows = []
+    for comp in comps:
+        row = {"backend": comp.name, "priority": comp.priority, "status": "available", "reason": ""}
+        if disabled is True or (isinstance(disabled, set) and comp.name in disabled):
+            row.update(status="disabled", reason=f"{DISABLE_ENV} is set")
+        else:
+            try:
+                ok, why = reg.build("backend", comp.name).is_available()
+            except Exception as exc:  # noqa: BLE001 - a probe must never break `atlas env`
+                ok, why = False, f"probe failed: {type(exc).__name__}: {exc}"
+            if not ok:
+                row.update(status="unavailable", reason=why)
+        rows.append(row)
+    return rows
+
+
+def select_backend(strategy, rule, inputs, requested: str | None = None):
+    """The backend that will serve this call, or None for the strategy's PyTorch code."""
+    requested = requested or os.environ.get(FORCE_ENV) or None
+    if requested == "torch":
+        return None
+    reg, comps = backends_for(strategy.name)
+    if requested and requested not in {c.name for c in comps}:
+        names = ", ".join(c.name for c in comps) or "none registered"
+        raise StrategyError(
+            f"backend {requested!r} does not serve {strategy.name} (its backends: {names}, or 'torch')"
+        )
+    disabled = _disabled()
+    for comp in comps:
+        if requested and comp.name != requested:
+            continue
+        reason = None
+        if not requested and (disabled is True or comp.name in disabled):
+            reason = f"disabled by {DISABLE_ENV}"
+        else:
+            be = reg.build("backend", comp.name)
+            ok, why = be.is_available()
+            if not ok:
+                reason = f"unavailable: {why}"
+            else:
+                ok, why = be.verify(strategy, rule, inputs)
+                if ok:
+                    log.debug("backend %s serves %s", comp.name, strategy.name)
+                    return be
+                reason = f"refused this call: {why}"
+        if requested:
+            raise StrategyError(f"backend {comp.name} was requested but {reason}")
+        log.debug("backend %s passed over for %s: %s", comp.name, strategy.name, reason)
+    return None

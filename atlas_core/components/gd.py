@@ -1,0 +1,34 @@
+"""``core:gd``: plain online gradient descent, ``M_t = alpha_t M_{t-1} - theta_t g_t``.
+
+Chunk form (all g at the anchor, linear retention):
+``M_t = A_t M_0 - sum_{j<=t} L[t, j] theta_j g_j`` with ``L[t, j] = prod_{j<m<=t} alpha_m``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..knobs.algorithm import Algorithm, _bc
+
+
+class GD(Algorithm):
+    gate_names = ("theta",)
+    linear_form = "gd"
+
+    def step(self, W, opt, g, *, alpha, gates, retention):
+        theta = gates["theta"]
+        pre = retention.pre(W)
+        raw = {k: _bc(alpha, pre[k]) * pre[k] - _bc(theta, g[k]) * g[k] for k in W}
+        return retention.post(raw), opt
+
+    def chunk(self, W0, opt0, G, *, decay, gates):
+        theta, A = gates["theta"], gates["_A"]  # [B, H, C]
+        out = {}
+        for k, w0 in W0.items():
+            upd = torch.einsum("bhtj,bhj...->bht...", decay, _bc(theta, G[k]) * G[k])
+            out[k] = _bc(A, upd) * w0.unsqueeze(2) - upd
+        return out, opt0
+
+
+def build(params, ctx) -> GD:
+    return GD()

@@ -1,0 +1,13 @@
+"""``core:none``: no retention (alpha = 1); the memory keeps everything."""
+
+from __future__ import annotations
+
+from ..knobs.retention import Retention
+
+
+class NoRetention(Retention):
+    gate_names = ()
+
+
+def build(params, ctx) -> NoRetention:
+    return NoRetention()

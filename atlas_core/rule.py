@@ -1,0 +1,412 @@
+"""Rules: a composition of the MIRAS knobs, or a standalone rule, and the call contract.
+
+A rule is a pure function of explicit tensors (MATH.md, "Shapes and names")::
+
+    y, state = rule(q, k, v, gates={"alpha": a, "eta": e, "theta": th}, state=None,
+                    strategy="core:sequential")
+
+- ``q, k: [B, T, H, Dk]``, ``v: [B, T, H, Dv]``, each gate ``[B, T, H]``; ``y: [B, T, H, Dv]``;
+- ``state`` maps names to tensors: the memory weights (``"M": [B, H, Dv, Dphi]`` for
+  ``core:linear``), the optimiser state (``"Z.M"`` for momentum) and, for windowed biases, the
+  last c - 1 inputs (``"window.k": [B, H, c-1, Dphi]``, ``"window.v"``, ``"window.gamma"``);
+- the only learned parameters a rule may hold are those of its feature map and of a structure's
+  initial weights; the memory layer that holds the rule registers them.
+
+Half-precision inputs are computed in float32 (outputs are cast back; the state stays float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from einops import rearrange
+from torch import nn
+
+from .errors import Issue, SpecError, did_you_mean
+from .knobs import Algorithm, Bias, FeatureMap, Retention, Structure
+
+KNOB_KINDS = {
+    "structure": "structure",
+    "bias": "bias",
+    "retention": "retention",
+    "algorithm": "algorithm",
+    "feature_map": "feature_map",
+}
+KNOB_DEFAULTS = {
+    "structure": "core:linear",
+    "bias": "core:l2",
+    "retention": "core:none",
+    "algorithm": "core:gd",
+    "feature_map": "core:identity",
+    "read": "after",
+}
+RULE_KEYS = tuple(KNOB_DEFAULTS) + ("use", "parallel")
+
+
+class Rule(nn.Module):
+    """Base class of every rule. Subclasses implement `prepare` (validate and normalise the
+    call's tensors into the strategy's input object), `reference` (the readable sequential
+    algorithm, used by ``core:sequential``) and `finish` (turn a strategy's output into the
+    public result)."""
+
+    spec: dict[str, Any]
+    default_strategy: Any = "core:sequential"
+
+    def prepare(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def reference(self, inputs):
+        raise NotImplementedError
+
+    def finish(self, inputs, output):
+        return output
+
+    def forward(self, *args, strategy: Any = None, **kwargs):
+        from .strategies.base import resolve_strategy
+
+        inputs = self.prepare(*args, **kwargs)
+        strat = resolve_strategy(self, strategy if strategy is not None else self.default_strategy)
+        return self.finish(inputs, strat.run(self, inputs))
+
+
+@dataclass
+class MemoryInputs:
+    """A composed rule's call, normalised: time-major per head, feature maps applied."""
+
+    psi: torch.Tensor  # phi(q): [B, H, T, Dphi]
+    phik: torch.Tensor  # phi(k): [B, H, T, Dphi]
+    v: torch.Tensor  # [B, H, T, Dv]
+    alpha: torch.Tensor  # retain factor: [B, H, T]
+    gamma: torch.Tensor  # per-token window weight (1 without a gamma gate): [B, H, T]
+    gates: dict[str, torch.Tensor]  # every gate, [B, H, T]
+    state: dict[str, torch.Tensor]  # full state, compute dtype
+    out_dtype: torch.dtype = torch.float32
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        B, H, T, _ = self.v.shape
+        return B, H, T
+
+
+def _check_tensor(name: str, x: Any, rank: int, layout: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {layout}, got {type(x).__name__}")
+    if x.dim() != rank:
+        raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+class ComposedRule(Rule):
+    """A memory rule composed from structure, bias, retention, algorithm and feature map."""
+
+    def __init__(
+        self,
+        structure: Structure,
+        bias: Bias,
+        retention: Retention,
+        algorithm: Algorithm,
+        feature_map: FeatureMap,
+        read: str = "after",
+        spec: Mapping[str, Any] | None = None,
+        default_strategy: Any = "core:sequential",
+    ) -> None:
+        super().__init__()
+        if read not in ("after", "before"):
+            raise SpecError([Issue("read", "must be 'after' or 'before'", read)])
+        self.structure = structure
+        self.feature_map = feature_map
+        self.bias = bias
+        self.retention = retention
+        self.algorithm = algorithm
+        self.read = read
+        self.spec = dict(spec or {})
+        self.default_strategy = default_strategy
+        problems = []
+        for knob_name in ("structure", "bias", "retention", "algorithm", "feature_map"):
+            check = getattr(getattr(self, knob_name), "check_composition", None)
+            for msg in (check(self) if check else []) or []:
+                problems.append(Issue(knob_name, msg, self.spec.get(knob_name)))
+        if problems:
+            raise SpecError(problems)
+
+    # -- sizes ----------------------------------------------------------------------------------
+    @property
+    def gate_names(self) -> tuple[str, ...]:
+        names = set(self.retention.gate_names) | set(self.algorithm.gate_names)
+        names |= set(self.bias.gate_names)
+        return tuple(sorted(names))
+
+    @property
+    def window(self) -> int:
+        return int(getattr(self.bias, "window", 1))
+
+    def bind(self, heads: int, d_key: int, d_value: int) -> "ComposedRule":
+        """Fix the sizes; creates learned parameters of the feature map and structure."""
+        if self.structure.bound:
+            want = (self.structure.heads, self.feature_map.d_in, self.structure.d_out)
+            if want != (heads, d_key, d_value):
+                raise ValueError(
+                    f"this rule is bound to heads={want[0]}, Dk={want[1]}, Dv={want[2]}; "
+                    f"got heads={heads}, Dk={d_key}, Dv={d_value}"
+                )
+            return self
+        self.feature_map.bind(d_key)
+        self.structure.bind(heads, self.feature_map.out_dim(d_key), d_value)
+        return self
+
+    def state_keys(self) -> list[str]:
+        W = list(self.structure.weight_shapes())
+        keys = W + list(self.algorithm.init_opt({k: torch.empty(0) for k in W}))
+        if self.window > 1:
+            keys += ["window.k", "window.v", "window.gamma"]
+        return keys
+
+    def init_state(self, batch: int, *, dtype=torch.float32, device=None) -> dict:
+        """The state before the first token: memory at its initial value, zeros elsewhere."""
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        W = self.structure.init_state(batch, dtype=dtype, device=device)
+        state = dict(W)
+        state.update(self.algorithm.init_opt(W))
+        c = self.window
+        if c > 1:
+            H, dphi, dv = self.structure.heads, self.structure.d_in, self.structure.d_out
+            state["window.k"] = torch.zeros(batch, H, c - 1, dphi, dtype=dtype, device=device)
+            state["window.v"] = torch.zeros(batch, H, c - 1, dv, dtype=dtype, device=device)
+            # gamma 0 marks an empty slot: an empty slot contributes nothing
+            state["window.gamma"] = torch.zeros(batch, H, c - 1, dtype=dtype, device=device)
+        return state
+
+    # -- the call -------------------------------------------------------------------------------
+    def prepare(self, q, k, v, gates=None, state=None) -> MemoryInputs:
+        layout = "[B, T, H, D]"
+        q = _check_tensor("q", q, 4, layout)
+        k = _check_tensor("k", k, 4, layout)
+        v = _check_tensor("v", v, 4, layout)
+        if q.shape != k.shape:
+            raise ValueError(f"q and k must have the same shape [B, T, H, Dk]; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        if v.shape[:3] != q.shape[:3]:
+            raise ValueError(f"v must be [B, T, H, Dv] with the B, T, H of q {tuple(q.shape[:3])}; got v {tuple(v.shape)}")
+        for name, x in (("k", k), ("v", v)):
+            if x.dtype != q.dtype:
+                raise ValueError(f"{name} has dtype {x.dtype} but q has {q.dtype}; pass one dtype")
+            if x.device != q.device:
+                raise ValueError(f"{name} is on {x.device} but q is on {q.device}; pass one device")
+        B, T, H, Dk = q.shape
+        Dv = v.shape[-1]
+        self.bind(H, Dk, Dv)
+        cdtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        gates = dict(gates or {})
+        unknown = sorted(set(gates) - set(self.gate_names))
+        if unknown:
+            hint = did_you_mean(unknown[0], self.gate_names)
+            raise ValueError(
+                f"gates {unknown} are not used by this rule (it uses {list(self.gate_names) or 'none'})"
+                + (f"; {hint}" if hint else "")
+            )
+        missing = [g for g in self.gate_names if g not in gates]
+        if missing:
+            raise ValueError(
+                f"missing gates {missing}: this rule needs {list(self.gate_names)}, each [B, T, H] = "
+                f"[{B}, {T}, {H}]"
+            )
+        gh = {}
+        for name, g in gates.items():
+            g = _check_tensor(f"gates['{name}']", g, 3, "[B, T, H]")
+            if tuple(g.shape) != (B, T, H):
+                raise ValueError(f"gates['{name}'] must be [B, T, H] = [{B}, {T}, {H}], got {tuple(g.shape)}")
+            if g.device != q.device:
+                raise ValueError(f"gates['{name}'] is on {g.device} but q is on {q.device}")
+            gh[name] = rearrange(g.to(cdtype), "b t h -> b h t")
+        ones = torch.ones(B, H, T, dtype=cdtype, device=q.device)
+        alpha = rearrange(self.retention.alpha(gates, ones.transpose(1, 2)).to(cdtype), "b t h -> b h t") if "alpha" in self.retention.gate_names else ones
+        gamma = gh["gamma"] if self.bias.gamma_gate else ones
+        qf = self.feature_map(q.to(cdtype))
+        kf = self.feature_map(k.to(cdtype))
+        st = self._check_state(state, B, cdtype, q.device)
+        return MemoryInputs(
+            psi=rearrange(qf, "b t h d -> b h t d"),
+            phik=rearrange(kf, "b t h d -> b h t d"),
+            v=rearrange(v.to(cdtype), "b t h d -> b h t d"),
+            alpha=alpha,
+            gamma=gamma,
+            gates=gh,
+            state=st,
+            out_dtype=q.dtype,
+        )
+
+    def _check_state(self, state, B, dtype, device) -> dict:
+        ref = self.init_state(B, dtype=dtype, device=device)
+        if state is None:
+            return ref
+        if not isinstance(state, Mapping):
+            raise ValueError(f"state must be a mapping of named tensors, got {type(state).__name__}")
+        if set(state) != set(ref):
+            raise ValueError(
+                f"state has keys {sorted(state)} but this rule's state has {sorted(ref)}; "
+                "pass the state returned by an earlier call of the same rule"
+            )
+        out = {}
+        for key, want in ref.items():
+            got = state[key]
+            if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+                raise ValueError(f"state['{key}'] must have shape {tuple(want.shape)}, got {shape}")
+            if got.device != want.device:
+                raise ValueError(f"state['{key}'] is on {got.device} but the inputs are on {want.device}")
+            out[key] = got.to(dtype)
+        return out
+
+    def finish(self, inputs: MemoryInputs, output):
+        y, state = output
+        return rearrange(y, "b h t d -> b t h d").to(inputs.out_dtype), state
+
+    # -- the reference ----------------------------------------------------------------------------
+    def reference(self, inputs: MemoryInputs, anchor_every: int = 1):
+        """The token-by-token loop of MATH.md. With ``anchor_every = C`` every gradient inside a
+        block of C tokens is taken at the memory before the block (the chunkwise convention):
+        the readable reference the chunkwise strategies are tested against."""
+        p = inputs
+        B, H, T = p.shape
+        S, c = self.structure, self.window
+        W = {k: p.state[k] for k in S.weight_shapes()}
+        opt = {k: p.state[k] for k in self.algorithm.init_opt(W)}
+        xk, xv, xg = self._extended(p)
+        lag = self.bias.lag_weights(p.v.dtype, p.v.device).flip(0)  # oldest .. newest
+        ys = []
+        anchor = W
+        for t in range(T):
+            if t % anchor_every == 0:
+                anchor = W
+            if self.read == "before":
+                ys.append(S.read(W, p.psi[:, :, t : t + 1]))
+            xw, vw = xk[:, :, t : t + c], xv[:, :, t : t + c]  # the window ending at t
+            wts = xg[:, :, t : t + c] * lag  # [B, H, c]
+            u = self.bias.error(S.read(anchor, xw), vw) * wts.unsqueeze(-1)
+            g = S.grad(anchor, xw, u)
+            gates_t = {n: x[:, :, t] for n, x in p.gates.items()}
+            W, opt = self.algorithm.step(
+                W, opt, g, alpha=p.alpha[:, :, t], gates=gates_t, retention=self.retention
+            )
+            if self.read == "after":
+                ys.append(S.read(W, p.psi[:, :, t : t + 1]))
+        y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
+        return y, self._final_state(W, opt, xk, xv, xg)
+
+    def _extended(self, p: MemoryInputs):
+        """Inputs with the carried window prepended: [B, H, (c-1) + T, ...]."""
+        if self.window == 1:
+            return p.phik, p.v, p.gamma
+        st = p.state
+        return (
+            torch.cat([st["window.k"], p.phik], dim=2),
+            torch.cat([st["window.v"], p.v], dim=2),
+            torch.cat([st["window.gamma"], p.gamma], dim=2),
+        )
+
+    def _final_state(self, W, opt, xk, xv, xg) -> dict:
+        state = dict(W)
+        state.update(opt)
+        c = self.window
+        if c > 1:
+            state["window.k"] = xk[:, :, -(c - 1) :]
+            state["window.v"] = xv[:, :, -(c - 1) :]
+            state["window.gamma"] = xg[:, :, -(c - 1) :]
+        return state
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.spec.items())
+
+
+# -- building -----------------------------------------------------------------------------------
+def _registry(registry=None):
+    if registry is not None:
+        return registry
+    from .host.manager import get_registry
+
+    return get_registry()
+
+
+def _canonical(value: Any) -> Any:
+    """A knob value as written in a resolved spec."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
+               d_value: int | None = None, registry=None, path: str = "") -> Rule:
+    """Build a rule from knob values, a preset, or a standalone rule.
+
+    ``spec`` is ``{"structure": ..., "bias": ..., "retention": ..., "algorithm": ...,
+    "feature_map": ..., "read": "after"}`` (each knob ``"ns:name"`` or
+    ``{"use": "ns:name", **params}``; missing knobs take the core defaults), or
+    ``{"use": "ns:preset", <knob overrides>}``, or ``{"use": "ns:standalone_rule", **params}``.
+    Every problem is collected into one `SpecError`.
+    """
+    reg = _registry(registry)
+    if isinstance(spec, str):
+        spec = {"use": spec}
+    if not isinstance(spec, Mapping):
+        raise SpecError([Issue(path, "a rule spec must be a table or a rule name", spec)])
+    spec = dict(spec)
+    pre = f"{path}." if path else ""
+    parallel = spec.pop("parallel", None)
+    if "use" in spec:
+        comp = reg.get("rule", spec["use"], f"{pre}use")
+        if "preset" not in comp.capabilities:
+            rest = {k: v for k, v in spec.items() if k != "use"}
+            params = comp.validate(rest, path)
+            from .host.registry import BuildContext
+
+            rule = comp.load_factory()(params, BuildContext(reg, path))
+            rule.spec = {"use": comp.name, **rest}
+            if parallel is not None:
+                rule.default_strategy = parallel
+            return _bound(rule, heads, d_key, d_value)
+        knobs = {**KNOB_DEFAULTS, **comp.extra.get("knobs", {})}
+        knobs.update({k: v for k, v in spec.items() if k != "use"})
+        preset = comp.name
+    else:
+        knobs = {**KNOB_DEFAULTS, **spec}
+        preset = None
+    issues, built = [], {}
+    for key in knobs:
+        if key not in KNOB_DEFAULTS:
+            hint = did_you_mean(key, RULE_KEYS) or f"allowed keys: {', '.join(RULE_KEYS)}"
+            issues.append(Issue(f"{pre}{key}", "unknown key", None, hint))
+    for key, kind in KNOB_KINDS.items():
+        try:
+            built[key] = reg.build(kind, knobs[key], path=f"{pre}{key}")
+        except SpecError as exc:
+            issues.extend(exc.issues)
+    if knobs["read"] not in ("after", "before"):
+        issues.append(Issue(f"{pre}read", "must be 'after' or 'before'", knobs["read"]))
+    if issues:
+        raise SpecError(issues)
+    resolved = {k: _canonical(knobs[k]) for k in KNOB_DEFAULTS}
+    if preset:
+        resolved = {"use": preset, **resolved}
+    try:
+        rule = ComposedRule(
+            built["structure"], built["bias"], built["retention"], built["algorithm"],
+            built["feature_map"], read=knobs["read"], spec=resolved,
+            default_strategy=parallel if parallel is not None else "core:sequential",
+        )
+    except SpecError as exc:
+        raise exc.prefixed(path) if path else exc
+    return _bound(rule, heads, d_key, d_value)
+
+
+def _bound(rule, heads, d_key, d_value):
+    if heads is not None and hasattr(rule, "bind"):
+        rule.bind(heads, d_key, d_value if d_value is not None else d_key)
+    return rule
+
+
+def build_preset(params, ctx):  # pragma: no cover - presets are expanded by build_rule
+    raise SpecError([Issue(ctx.path, "a preset is built through build_rule")])

@@ -1,0 +1,77 @@
+"""The parallelization-strategy contract and its dispatch.
+
+A strategy says how a rule runs over time. It declares what it can run through
+``supports(rule) -> (ok, reason)`` and runs it with ``run(rule, inputs) -> output``, where
+``inputs`` is what the rule's `prepare` produced. ``core:sequential`` runs the rule's readable
+`reference`; faster strategies are checked against it.
+
+Dispatch (`resolve_strategy`):
+- a strategy named explicitly (``"core:chunkwise"`` or ``{"use": "core:chunkwise", "chunk_size":
+  64}``) that refuses the rule is an error that gives its reason;
+- ``"auto"`` takes the highest-priority registered strategy that supports the rule, falling back to
+  ``core:sequential``; the reasons others were passed over are logged at debug level.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import StrategyError
+
+log = logging.getLogger("atlas_core.strategies")
+
+
+class Strategy:
+    """Base class of strategies. ``name`` is set by the factory that builds it."""
+
+    name: str = "?"
+
+    def supports(self, rule) -> tuple[bool, str]:
+        return True, ""
+
+    def run(self, rule, inputs):
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+
+def _registry():
+    from ..host.manager import get_registry
+
+    return get_registry()
+
+
+def build_strategy(value: Any, registry=None) -> Strategy:
+    reg = registry or _registry()
+    strat = reg.build("strategy", value, path="parallel")
+    if not isinstance(strat, Strategy):
+        raise StrategyError(f"strategy {value!r} did not build a Strategy object")
+    return strat
+
+
+def resolve_strategy(rule, value: Any = "auto", registry=None) -> Strategy:
+    """The strategy that will run ``rule`` (see module docstring)."""
+    if isinstance(value, Strategy):
+        strat = value
+    elif value in (None, "auto"):
+        return auto_strategy(rule, registry)
+    else:
+        strat = build_strategy(value, registry)
+    ok, reason = strat.supports(rule)
+    if not ok:
+        raise StrategyError(f"strategy {strat.name} cannot run this rule: {reason}")
+    return strat
+
+
+def auto_strategy(rule, registry=None) -> Strategy:
+    reg = registry or _registry()
+    comps = sorted(reg.all("strategy"), key=lambda c: (-c.priority, c.name))
+    for comp in comps:
+        strat = reg.build("strategy", comp.name)
+        ok, reason = strat.supports(rule)
+        if ok:
+            return strat
+        log.debug("strategy %s passed over: %s", comp.name, reason)
+    return build_strategy("core:sequential", reg)

@@ -1,0 +1,173 @@
+"""``core:chunkwise``: chunk-anchored parallel training (Titans Sec 3.2, MIRAS Eq 28, Atlas Eq 15).
+
+Time is split into chunks of C tokens; inside a chunk every gradient is taken at the anchor, the
+memory before the chunk: ``g_t = grad L_t(M_anchor)``. Everything after that is exact — retention
+and momentum are linear recurrences solved with decay matrices (`decay.decay_matrix`), reads are
+exact. Hence chunk size 1 equals ``core:sequential`` exactly, and chunk size C equals the rule's
+reference loop with ``anchor_every = C``.
+
+Two paths:
+- **linear memory with gd or momentum** (MATH.md, "Parallel forms"): with U the bias's error
+  derivatives at the anchor and Phi the (window-extended) keys, the memory after token t is
+  ``M_t = A_t M_0 - P^L_t Z_0 - sum_l K[t, l] u_l phi_l^T``, so
+  ``y_t = A_t M_0 psi_t - P^L_t Z_0 psi_t - sum_l K[t, l] (phi_l . psi_t) u_l``:
+  a C x (C + c - 1) masked "attention" matrix times U. No d x d tensor per token is formed;
+  cost per chunk O(C^2 d + C d^2), memory O(T d + (T / C) d^2).
+  K is ``L diag(theta) Wm`` for gd and ``L E diag(theta) Wm`` for momentum, where L and E are the
+  retention and momentum decay matrices and Wm the banded Omega-window matrix
+  (``Wm[t, l] = gamma_l * lag[t - l]`` for the c tokens ending at t; the identity when c = 1).
+- **any other structure / algorithm with a chunk form** (deep memory, Muon): per-token anchored
+  gradients, the algorithm's `chunk` recurrence, and per-token reads — an O(C |W|) transient per
+  chunk, never O(T |W|).
+
+The chunk grid starts at each call: with C > 1, two calls split off a chunk boundary anchor
+differently from one call (split on a boundary, or C = 1, they agree exactly).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from ..backends import select_backend
+from ..host.registry import Params
+from ..knobs.algorithm import Algorithm
+from .base import Strategy
+from .decay import decay_matrix
+
+
+class ChunkwiseParams(Params):
+    chunk_size: int = Field(64, ge=1, description="tokens per chunk (C); 1 is exactly sequential")
+    backend: str | None = Field(
+        None, description="force a kernel backend by name, or 'torch' for the PyTorch code"
+    )
+
+
+def window_matrix(gamma_ext: torch.Tensor, lag: torch.Tensor, n: int) -> torch.Tensor:
+    """Banded Omega-window weights ``[B, H, n, n + c - 1]`` for the n chunk tokens.
+
+    ``gamma_ext: [B, H, n + c - 1]`` (the c - 1 carried tokens first), ``lag: [c]`` (index 0 =
+    the current token). Row t covers extended positions t .. t + c - 1."""
+    c = lag.shape[0]
+    m = n + c - 1
+    t_idx = torch.arange(n, device=lag.device).unsqueeze(1) + (c - 1)
+    l_idx = torch.arange(m, device=lag.device).unsqueeze(0)
+    dist = t_idx - l_idx  # how far back token l is from token t
+    inside = (dist >= 0) & (dist < c)
+    band = torch.where(inside, lag[dist.clamp(0, c - 1)], lag.new_zeros(()))  # [n, m]
+    return band * gamma_ext.unsqueeze(-2)
+
+
+def _shift_rows(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Rows for M_{t-1}: drop the last row, put ``first`` (M_{-1}'s row) on top (dim 2)."""
+    return torch.cat([first, x[:, :, :-1]], dim=2)
+
+
+class Chunkwise(Strategy):
+    name = "core:chunkwise"
+
+    def __init__(self, params: ChunkwiseParams | None = None) -> None:
+        self.params = params or ChunkwiseParams()
+        self.chunk_size = self.params.chunk_size
+
+    def describe(self) -> str:
+        return f"{self.name}(chunk_size={self.chunk_size})"
+
+    def supports(self, rule) -> tuple[bool, str]:
+        for attr in ("structure", "bias", "retention", "algorithm"):
+            if not hasattr(rule, attr):
+                return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
+        if not rule.retention.linear:
+            return False, (
+                f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
+                "after each step), so a chunk cannot be solved as a linear recurrence"
+            )
+        if type(rule.algorithm).chunk is Algorithm.chunk:
+            hint = getattr(rule.algorithm, "chunk_hint", "")
+            return False, (
+                f"algorithm {rule.spec.get('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
+            )
+        return True, ""
+
+    def fast_path(self, rule) -> bool:
+        return rule.structure.is_linear and getattr(rule.algorithm, "linear_form", None) in (
+            "gd",
+            "momentum",
+        )
+
+    def run(self, rule, inputs):
+        backend = select_backend(self, rule, inputs, self.params.backend)
+        if backend is not None:
+            return backend.run(self, rule, inputs)
+        return self.run_torch(rule, inputs)
+
+    # -- PyTorch --------------------------------------------------------------------------------
+    def run_torch(self, rule, p):
+        B, H, T = p.shape
+        S, c, C = rule.structure, rule.window, self.chunk_size
+        W = {k: p.state[k] for k in S.weight_shapes()}
+        opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
+        xk, xv, xg = rule._extended(p)
+        lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
+        fast = self.fast_path(rule)
+        ys = []
+        for s in range(0, T, C):
+            e = min(s + C, T)
+            n = e - s
+            xe, ve = xk[:, :, s : e + c - 1], xv[:, :, s : e + c - 1]  # [B, H, n + c - 1, .]
+            Wm = window_matrix(xg[:, :, s : e + c - 1], lag, n)  # [B, H, n, n + c - 1]
+            alpha = p.alpha[:, :, s:e]
+            gates = {k: g[:, :, s:e] for k, g in p.gates.items()}
+            L = decay_matrix(alpha)  # [B, H, n, n]
+            A = torch.cumprod(alpha, dim=-1)  # [B, H, n]
+            U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
+            step = self._linear_chunk if fast else self._generic_chunk
+            y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, p.psi[:, :, s:e])
+            ys.append(y)
+        y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
+        return y, rule._final_state(W, opt, xk, xv, xg)
+
+    def _linear_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
+        M0 = W["M"]  # (B, H, Dv, Dphi)
+        theta = gates["theta"]
+        KZ = None
+        if rule.algorithm.linear_form == "gd":
+            K = L @ (theta.unsqueeze(-1) * Wm)  # [B, H, n, m]
+            PL = None
+        else:
+            eta = gates["eta"]
+            KZ = decay_matrix(eta) @ (theta.unsqueeze(-1) * Wm)  # Z_t's coefficients
+            K = L @ KZ
+            PL = L @ torch.cumprod(eta, dim=-1).unsqueeze(-1)  # [B, H, n, 1]: Z_0's coefficient
+        Kr, Ar, PLr = K, A.unsqueeze(-1), PL
+        if rule.read == "before":  # rows for M_{t-1}; M_{-1} = M_0
+            Kr = _shift_rows(K, torch.zeros_like(K[:, :, :1]))
+            Ar = _shift_rows(Ar, torch.ones_like(Ar[:, :, :1]))
+            PLr = None if PL is None else _shift_rows(PL, torch.zeros_like(PL[:, :, :1]))
+        scores = psi @ xe.transpose(-1, -2)  # (phi_l . psi_t): [B, H, n, m]
+        y = Ar * (psi @ M0.transpose(-1, -2)) - (Kr * scores) @ U
+        M = A[:, :, -1, None, None] * M0 - torch.einsum("bhl,bhlv,bhlp->bhvp", K[:, :, -1], U, xe)
+        if PL is not None:
+            Z0 = opt["Z.M"]
+            y = y - PLr * (psi @ Z0.transpose(-1, -2))
+            M = M - PL[:, :, -1, :, None] * Z0
+            Pn = torch.cumprod(gates["eta"], dim=-1)[:, :, -1, None, None]
+            Z = Pn * Z0 + torch.einsum("bhl,bhlv,bhlp->bhvp", KZ[:, :, -1], U, xe)
+            opt = {"Z.M": Z}
+        return y, {"M": M}, opt
+
+    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
+        S = rule.structure
+        per_tok = S.grad_per_token(W, xe, U)  # {k: [B, H, m, *s]}
+        G = {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
+        Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, gates={**gates, "_A": A})
+        if rule.read == "before":
+            Wread = {k: _shift_rows(w, W[k].unsqueeze(2)) for k, w in Wall.items()}
+        else:
+            Wread = Wall
+        y = S.read_per_token(Wread, psi)
+        return y, {k: w[:, :, -1] for k, w in Wall.items()}, opt
+
+
+def build(params, ctx) -> Chunkwise:
+    return Chunkwise(params)
