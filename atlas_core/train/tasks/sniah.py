@@ -101,8 +101,3 @@ class SNIAHTask(Task):
         targets = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
         targets[:, H + 1 :] = value
         return stream[:, :T].clone(), targets
-
-    def needle_start(self, inputs: torch.Tensor) -> torch.Tensor:
-        """``[B]``: where the needle's key sits in ``inputs`` (its first occurrence)."""
-        key = inputs[:, self.haystack_len + 1 : self.haystack_len + 2]
-        return (inputs == key).int().argmax(dim=1)

@@ -1,0 +1,1 @@
+"""Training: on-the-fly tasks, the trainer and checkpoints."""

@@ -1,0 +1,147 @@
+"""Language modelling on a text file the user names, at the byte or the character level.
+
+- ``mode = "byte"``: the file's raw bytes are the tokens, ``vocab_size = 256``; any file works.
+- ``mode = "char"``: the file is decoded (``encoding``, UTF-8 by default) and every distinct
+  character becomes one token, ids in code-point order, ``vocab_size`` = the number of distinct
+  characters. `vocab` lists them, for decoding and for saving beside a checkpoint.
+
+A batch is B windows of T + 1 consecutive tokens at uniform random offsets: ``inputs`` the first
+T, ``targets`` the last T (plain next-token prediction, every position counts).
+
+Held-out text: the last ``val_fraction`` of the tokens is the ``"val"`` split, the rest the
+``"train"`` split (the default), ``"all"`` is the whole file. Training on ``train`` and evaluating
+on ``val`` (``task.derive(split="val")``) keeps the perplexity honest.
+
+Tensors: ``inputs, targets: LongTensor [B, T]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field, ValidationInfo, field_validator
+
+from ...host.registry import Params
+from .base import Task, TaskDataError, TaskFileNotFoundError
+
+
+class TextParams(Params):
+    path: str = Field(..., min_length=1, description="the text file (relative to the cwd)")
+    mode: Literal["byte", "char"] = Field("byte", description="byte (256 ids) or char tokens")
+    seq_len: int = Field(256, ge=1, description="T, tokens per window")
+    split: Literal["train", "val", "all"] = Field("train", description="which part of the file")
+    val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the file held out")
+    encoding: str = Field("utf-8", min_length=1, description="text encoding in char mode")
+
+    @field_validator("val_fraction")
+    @classmethod
+    def _val_exists(cls, fraction: float, info: ValidationInfo) -> float:
+        if info.data.get("split") == "val" and fraction == 0.0:
+            raise ValueError(
+                "val_fraction=0.0 leaves no held-out text for split='val'; set val_fraction "
+                "> 0 (e.g. 0.1) or use split='train' or 'all'"
+            )
+        return fraction
+
+
+class TextTask(Task):
+    """Next-token prediction on random windows of a text file; see the module docstring."""
+
+    name = "text"
+    Params = TextParams
+
+    def __init__(self, params=None, ctx=None):
+        super().__init__(params, ctx)
+        p = self.params
+        self.path = Path(p.path).expanduser()
+        raw = _read(self.path, p.path)
+        self.vocab: list[str] | None
+        if p.mode == "byte":
+            tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            self.vocab = None
+        else:
+            tokens, self.vocab = _chars(raw, p.encoding, p.path)
+        self.file_tokens = tokens.numel()
+        held_out = int(self.file_tokens * p.val_fraction)
+        cut = self.file_tokens - held_out
+        self.tokens = {"train": tokens[:cut], "val": tokens[cut:], "all": tokens}[p.split]
+        unit = "byte" if p.mode == "byte" else "character"
+        have = self.tokens.numel()
+        if have < p.seq_len + 1:
+            where = "" if p.split == "all" else (
+                f" in the {p.split} split (val_fraction={p.val_fraction}) of"
+            )
+            fix = f"lower seq_len to <= {have - 1}" if have >= 2 else "use a longer file"
+            raise TaskDataError(
+                f"text task: seq_len={p.seq_len} needs at least seq_len + 1 = {p.seq_len + 1} "
+                f"{unit}s{where or ' in'} {p.path!r}, which has {have} (the file has "
+                f"{self.file_tokens}); {fix}"
+            )
+        self._index = {ch: i for i, ch in enumerate(self.vocab)} if self.vocab else None
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 if self.vocab is None else len(self.vocab)
+
+    def _sample(self, batch_size, generator):
+        T = self.params.seq_len
+        starts = torch.randint(0, self.tokens.numel() - T, (batch_size, 1), generator=generator)
+        windows = self.tokens[starts + torch.arange(T + 1)].long()  # [B, T + 1]
+        return windows[:, :-1].clone(), windows[:, 1:].clone()
+
+    # -- text <-> ids, for prompts and generated samples -----------------------------------------
+    def encode(self, text: str) -> torch.Tensor:
+        """``[L]`` int64 ids of ``text`` (UTF-8 bytes in byte mode)."""
+        if self._index is None:
+            return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+        missing = sorted({ch for ch in text if ch not in self._index})
+        if missing:
+            raise ValueError(
+                f"text: characters {''.join(missing)!r} do not occur in {self.params.path!r}, "
+                "so they have no id in char mode; remove them or use mode='byte'"
+            )
+        return torch.tensor([self._index[ch] for ch in text], dtype=torch.long)
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        """The text of ``ids`` (bytes that are not valid UTF-8 become U+FFFD in byte mode)."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if self.vocab is None:
+            return bytes(ids).decode("utf-8", errors="replace")
+        return "".join(self.vocab[i] for i in ids)
+
+
+def _read(path: Path, shown: str) -> bytes:
+    if not path.exists():
+        raise TaskFileNotFoundError(
+            f"text task: no such file {shown!r} (task param 'path', resolved to "
+            f"{str(path.absolute())!r}); give the path of an existing text file"
+        )
+    if not path.is_file():
+        raise TaskDataError(f"text task: {shown!r} is not a file; give the path of a text file")
+    raw = path.read_bytes()
+    if not raw:
+        raise TaskDataError(f"text task: {shown!r} is empty; give a file with some text in it")
+    return raw
+
+
+def _chars(raw: bytes, encoding: str, shown: str) -> tuple[torch.Tensor, list[str]]:
+    """Character ids (int32, code-point order) and the vocabulary of the decoded text."""
+    try:
+        text = raw.decode(encoding)
+    except LookupError:
+        raise TaskDataError(
+            f"text task: unknown encoding {encoding!r}; use a Python codec name such as 'utf-8'"
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise TaskDataError(
+            f"text task: {shown!r} is not valid {encoding} (byte {exc.start}: {exc.reason}); "
+            "set 'encoding' to the file's encoding or use mode='byte'"
+        ) from None
+    if not text:
+        raise TaskDataError(f"text task: {shown!r} decodes to no characters; give a text file")
+    # UTF-32 gives one int32 code point per character; unique sorts them and numbers them.
+    points = torch.frombuffer(bytearray(text.encode("utf-32-le")), dtype=torch.int32)
+    uniq, ids = torch.unique(points, sorted=True, return_inverse=True)
+    return ids.to(torch.int32), [chr(c) for c in uniq.tolist()]
