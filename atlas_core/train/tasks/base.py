@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from pydantic import ValidationError
 
-from ...errors import AtlasError, Issue, SpecError
+from ...errors import AtlasError, Issue, SpecError, did_you_mean
 from ...host.registry import Params
 
 IGNORE_INDEX = -100
@@ -69,8 +69,10 @@ class Task(ABC):
                 loc = ".".join(str(p) for p in err["loc"])
                 where = f"{path}.{loc}" if path and loc else (path or loc)
                 if err["type"] == "extra_forbidden":
-                    allowed = ", ".join(cls.Params.model_fields)
-                    issues.append(Issue(where, "unknown key", None, f"allowed keys: {allowed}"))
+                    fields = list(cls.Params.model_fields)
+                    hint = did_you_mean(str(err["loc"][-1]), fields)
+                    hint = hint or f"allowed keys: {', '.join(fields)}"
+                    issues.append(Issue(where, "unknown key", None, hint))
                 else:
                     msg = err["msg"].removeprefix("Value error, ")
                     issues.append(Issue(where, msg, err.get("input")))
@@ -131,10 +133,11 @@ def distinct_ints(
 ) -> torch.Tensor:
     """``[rows, count]`` ints from ``[low, high)``, distinct within each row, in random order.
 
-    A random permutation per row (argsort of uniform noise), truncated to ``count``.
+    The ``count`` largest of i.i.d. uniform scores per row: a uniform random ``count``-subset in
+    uniform random order (the first ``count`` of a random permutation, without sorting it all).
     """
-    noise = torch.rand(rows, high - low, generator=generator)
-    return noise.argsort(dim=-1)[:, :count] + low
+    scores = torch.rand(rows, high - low, generator=generator)
+    return scores.topk(count, dim=-1, sorted=True).indices + low
 
 
 def masked_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
