@@ -1,0 +1,177 @@
+"""The memory layer: learned projections around a memory rule.
+
+``MemoryLayer`` owns every learned parameter (the rule owns none but its feature map's and a deep
+memory's initial weights, which the layer registers by holding the rule). For an input
+``x: [B, T, d_model]``:
+
+1. ``q, k, v = W_q x, W_k x, W_v x`` -> ``[B, T, H * D]``;
+2. a short causal depthwise convolution (kernel ``conv_size``) on each of q, k, v, then SiLU
+   (Titans Sec 4.4; Atlas spec seed);
+3. split into heads ``[B, T, H, D]``; l2-normalise q and k (``qk_norm``);
+4. gates from x, each ``[B, T, H]`` (MATH.md names), one linear map per gate:
+   ``alpha = sigmoid(w_a x + b_a)`` (retain factor, b_a = 3.0 -> ~0.95),
+   ``eta = sigmoid(w_e x + b_e)`` (momentum decay, b_e = 2.0 -> ~0.88),
+   ``theta = theta_scale * sigmoid(w_t x + b_t)`` (inner learning rate, b_t = -4.6 -> ~0.01),
+   ``gamma = sigmoid(w_g x + b_g)`` (Omega window weight, b_g = 3.0);
+   only the gates the rule uses are produced;
+5. the rule: ``y, state = rule(q, k, v, gates, state, strategy)``;
+6. per-head RMS norm of y (``output_norm``), a sigmoid output gate ``y * sigmoid(W_o x)``
+   (``output_gate``), merge heads, output projection.
+
+``forward(x, state=None) -> (y, state)``: the state is a flat dict of tensors — ``"conv.q"``,
+``"conv.k"``, ``"conv.v"`` (the last conv_size - 1 pre-convolution inputs, so the convolution
+continues exactly across calls) and ``"rule.<key>"`` for the rule's state. Two calls with the
+carried state equal one call (for C > 1 chunkwise: when split on a chunk boundary).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from pydantic import Field
+from torch import nn
+
+from .host.registry import Params
+
+GATE_ORDER = ("alpha", "eta", "theta", "gamma")
+
+
+class GateBias(Params):
+    alpha: float = Field(3.0, description="retain gate bias: sigmoid(3.0) ~ 0.95")
+    eta: float = Field(2.0, description="momentum decay bias: sigmoid(2.0) ~ 0.88")
+    theta: float = Field(-4.6, description="inner learning-rate bias: sigmoid(-4.6) ~ 0.01")
+    gamma: float = Field(3.0, description="Omega window weight bias: sigmoid(3.0) ~ 0.95")
+
+
+class LayerParams(Params):
+    d_key: int | None = Field(None, ge=1, description="per-head key size (default d_model / heads)")
+    d_value: int | None = Field(None, ge=1, description="per-head value size (default d_key)")
+    conv_size: int = Field(4, ge=0, description="short causal depthwise conv kernel; 0 or 1 disables")
+    qkv_activation: Literal["silu", "none"] = "silu"
+    qk_norm: bool = Field(True, description="l2-normalise q and k per head")
+    output_norm: bool = Field(True, description="RMS-normalise each head's output")
+    output_gate: bool = Field(True, description="sigmoid output gate before the output projection")
+    gate_bias: GateBias = Field(default_factory=GateBias)
+    theta_scale: float = Field(1.0, gt=0, description="theta = theta_scale * sigmoid(...)")
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise conv over time, ``[B, T, C] -> [B, T, C]``, with a carried cache."""
+
+    def __init__(self, channels: int, kernel: int) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.zeros(channels, 1, kernel))
+        with torch.no_grad():  # start as the identity (last tap 1) plus a little noise
+            self.weight[:, 0, -1] = 1.0
+            self.weight.add_(0.02 * torch.randn_like(self.weight))
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None):
+        B, T, C = x.shape
+        if cache is None:
+            cache = x.new_zeros(B, self.kernel - 1, C)
+        ext = torch.cat([cache.to(x.dtype), x], dim=1)  # (B, K-1+T, C)
+        y = F.conv1d(rearrange(ext, "b t c -> b c t"), self.weight.to(x.dtype), groups=C)
+        return rearrange(y, "b c t -> b t c"), ext[:, ext.shape[1] - (self.kernel - 1) :]
+
+
+class MemoryLayer(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        rule: nn.Module,
+        params: LayerParams | None = None,
+        strategy: Any = None,
+    ) -> None:
+        super().__init__()
+        p = params or LayerParams()
+        if d_model % heads and p.d_key is None:
+            raise ValueError(f"d_model={d_model} is not divisible by heads={heads}; set layer.d_key")
+        self.params = p
+        self.d_model, self.heads = d_model, heads
+        self.d_key = p.d_key or d_model // heads
+        self.d_value = p.d_value or self.d_key
+        self.rule = rule
+        if hasattr(rule, "bind"):
+            rule.bind(heads, self.d_key, self.d_value)
+        self.strategy = strategy if strategy is not None else getattr(rule, "default_strategy", None)
+        H, Dk, Dv = heads, self.d_key, self.d_value
+        self.q_proj = nn.Linear(d_model, H * Dk, bias=False)
+        self.k_proj = nn.Linear(d_model, H * Dk, bias=False)
+        self.v_proj = nn.Linear(d_model, H * Dv, bias=False)
+        self.use_conv = p.conv_size > 1
+        if self.use_conv:
+            self.q_conv = ShortConv(H * Dk, p.conv_size)
+            self.k_conv = ShortConv(H * Dk, p.conv_size)
+            self.v_conv = ShortConv(H * Dv, p.conv_size)
+        self.gate_names = tuple(g for g in GATE_ORDER if g in getattr(rule, "gate_names", ()))
+        extra = set(getattr(rule, "gate_names", ())) - set(GATE_ORDER)
+        if extra:
+            raise ValueError(f"the memory layer cannot produce gates {sorted(extra)}")
+        if self.gate_names:
+            self.gate_proj = nn.Linear(d_model, H * len(self.gate_names))
+            with torch.no_grad():
+                self.gate_proj.weight.normal_(0.0, 0.02)
+                bias = [getattr(p.gate_bias, g) for g in self.gate_names]
+                self.gate_proj.bias.copy_(torch.tensor(bias).repeat_interleave(H))
+        if p.output_norm:
+            self.out_norm = nn.RMSNorm(Dv, eps=1e-6)
+        if p.output_gate:
+            self.out_gate = nn.Linear(d_model, H * Dv, bias=True)
+        self.o_proj = nn.Linear(H * Dv, d_model, bias=False)
+
+    @classmethod
+    def from_spec(cls, spec, *, d_model: int, heads: int, registry=None) -> "MemoryLayer":
+        """Build from a resolved spec's ``[memory]`` and ``[layer]`` tables."""
+        from .rule import build_rule
+
+        memory = dict(spec.memory if hasattr(spec, "memory") else spec["memory"])
+        layer = spec.layer if hasattr(spec, "layer") else spec.get("layer", {})
+        params = layer if isinstance(layer, LayerParams) else LayerParams.model_validate(layer or {})
+        strategy = memory.get("parallel", "auto")
+        rule = build_rule(memory, registry=registry, path="memory")
+        return cls(d_model, heads, rule, params, strategy=strategy)
+
+    def gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if not self.gate_names:
+            return {}
+        raw = rearrange(self.gate_proj(x), "b t (g h) -> g b t h", g=len(self.gate_names))
+        out = {}
+        for i, name in enumerate(self.gate_names):
+            g = torch.sigmoid(raw[i])
+            out[name] = g * self.params.theta_scale if name == "theta" else g
+        return out
+
+    def forward(self, x: torch.Tensor, state: dict | None = None):
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be [B, T, d_model={self.d_model}], got {tuple(x.shape)}")
+        state = dict(state or {})
+        new_state: dict[str, torch.Tensor] = {}
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.use_conv:
+            q, new_state["conv.q"] = self.q_conv(q, state.get("conv.q"))
+            k, new_state["conv.k"] = self.k_conv(k, state.get("conv.k"))
+            v, new_state["conv.v"] = self.v_conv(v, state.get("conv.v"))
+        if self.params.qkv_activation == "silu":
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q = rearrange(q, "b t (h d) -> b t h d", h=self.heads)
+        k = rearrange(k, "b t (h d) -> b t h d", h=self.heads)
+        v = rearrange(v, "b t (h d) -> b t h d", h=self.heads)
+        if self.params.qk_norm:
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
+        y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.strategy)
+        new_state.update({f"rule.{key}": t for key, t in rs.items()})
+        if self.params.output_norm:
+            y = self.out_norm(y)
+        y = rearrange(y, "b t h d -> b t (h d)")
+        if self.params.output_gate:
+            y = y * torch.sigmoid(self.out_gate(x))
+        return self.o_proj(y), new_state
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, heads={self.heads}, d_key={self.d_key}, d_value={self.d_value}"

@@ -1,0 +1,140 @@
+"""Models: the base class every architecture's language model derives from, sampling, and
+`build_model`.
+
+An architecture is a registered component of kind ``arch`` whose factory receives its validated
+params and ``ctx.options["spec"]`` (the resolved spec) and returns a `MemoryLM`.
+
+`MemoryLM` contract, for ``ids: LongTensor [B, T]``:
+- ``forward(ids) -> logits [B, T, vocab]``;
+- ``step(ids, state) -> (logits, state)``: continue from a carried state (None at the start);
+  feeding a sequence in pieces with the carried state gives the logits of one full forward;
+- ``generate(prompt_ids, max_new_tokens, ...)`` decodes incrementally through `step`;
+- ``param_report() -> list[(name, count)]`` parameters per top-level block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def sample_next(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Next token ids ``[B]`` from last-position logits ``[B, vocab]``."""
+    if greedy or temperature == 0:
+        return logits.argmax(dim=-1)
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
+    logits = logits.float() / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1")
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p={top_p} must be in (0, 1]")
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p
+        drop = probs.cumsum(-1) - probs >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class MemoryLM(nn.Module):
+    """Base class of language models built from specs."""
+
+    spec: Any = None
+    vocab_size: int
+
+    def step(self, ids: torch.Tensor, state: Any = None):
+        raise NotImplementedError
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.step(ids, None)
+        return logits
+
+    def check_ids(self, ids: torch.Tensor) -> None:
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32, torch.int64):
+            shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise ValueError(f"ids must be an integer tensor [B, T], got {shape}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(
+                f"token ids must lie in [0, {self.vocab_size}); got min {int(ids.min())}, max {int(ids.max())}"
+            )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int = 64,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Incremental decoding with a carried state: ``[B, T] -> [B, T + max_new_tokens]``."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
+        self.check_ids(prompt_ids)
+        if prompt_ids.shape[1] == 0:
+            raise ValueError("the prompt must hold at least one token")
+        logits, state = self.step(prompt_ids, None)
+        out = [prompt_ids]
+        for _ in range(max_new_tokens):
+            nxt = sample_next(
+                logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p,
+                greedy=greedy, generator=generator,
+            )
+            out.append(nxt[:, None])
+            logits, state = self.step(nxt[:, None], state)
+        return torch.cat(out, dim=1)
+
+    def param_report(self) -> list[tuple[str, int]]:
+        rows = []
+        for name, child in self.named_children():
+            if isinstance(child, nn.ModuleList):
+                for i, block in enumerate(child):
+                    rows.append((f"{name}.{i}", sum(p.numel() for p in block.parameters())))
+            else:
+                rows.append((name, sum(p.numel() for p in child.parameters())))
+        return rows
+
+    def loss(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over targets != -100."""
+        logits = self(ids)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+
+
+def build_model(spec: Any, *, registry=None) -> MemoryLM:
+    """Build a model from a spec path, a dict, a TOML string or a resolved `Spec`."""
+    from .host.registry import BuildContext
+    from .spec import load_spec
+
+    if registry is None:
+        from .host.manager import get_registry
+
+        registry = get_registry()
+    resolved = load_spec(spec)
+    model_table = dict(resolved.model)
+    arch = model_table.pop("arch")
+    comp = registry.get("arch", arch, "model.arch")
+    params = comp.validate(model_table, "model")
+    model = comp.load_factory()(params, BuildContext(registry, "model", {"spec": resolved}))
+    model.spec = resolved
+    return model
