@@ -1,0 +1,138 @@
+"""``titans:mlp``: deep memory, a small MLP per head whose weights are the fast state.
+
+Titans (Sec 3.1) and Atlas use a multi-layer memory instead of a matrix. With depth L, expansion e
+and activation s, for one (batch, head)::
+
+    M(x) = x + W_L s( ... s(W_2 s(W_1 x)) ... )        (the residual only when Dv == Dphi)
+
+``W_1: [hidden, Dphi]``, ``W_i: [hidden, hidden]`` for 1 < i < L, ``W_L: [Dv, hidden]`` with
+``hidden = round(e * Dphi)``; depth 1 is the linear map ``x + W_1 x``. (MATH.md writes the
+two-layer case as ``x + W1 s(W2 x)``, numbering from the output; here ``W1`` is the first
+layer applied, numbering from the input.)
+
+Shapes (the `Structure` contract):
+- weights ``W``: ``{"W1": [B, H, hidden, Dphi], ..., "W<L>": [B, H, Dv, hidden]}``;
+- per-token weights ``Wt``: ``{"W<i>": [B, H, N, *shape]}``;
+- inputs ``x: [B, H, N, Dphi]``, error derivatives ``u: [B, H, N, Dv]``, outputs ``[B, H, N, Dv]``.
+
+The initial weights are learned (``nn.Parameter`` per head, ``[H, *shape]``, created in `bind` with
+a small random init and broadcast over the batch by `init_state`): with all-zero weights the
+gradient of every layer would be zero and the memory could never learn.
+
+The inner gradients come from autograd through ``torch.func`` (``vjp`` for the gradient of
+``sum_n <M(x_n), u_n>``, ``vmap`` over tokens for per-token gradients). Both compose with the outer
+autograd, so the outer loop trains through the inner one (second derivatives of the activation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from atlas_core.errors import Issue, SpecError
+from atlas_core.host.registry import Params
+from atlas_core.knobs.structure import Structure
+
+_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "tanh": torch.tanh}
+
+
+class MLPParams(Params):
+    depth: int = Field(2, ge=1, description="number of weight matrices (1 = a linear map)")
+    expansion: float = Field(4.0, gt=0, description="hidden width = round(expansion * Dphi)")
+    activation: Literal["silu", "gelu", "tanh"] = Field("silu", description="hidden nonlinearity")
+    residual: bool = Field(True, description="add x to the output (needs Dv == Dphi)")
+
+
+class MLPMemory(Structure):
+    """Per-head fast-weight MLP (see module docstring)."""
+
+    matrix_shaped = True
+    is_linear = False
+
+    def __init__(self, params: MLPParams | None = None) -> None:
+        super().__init__()
+        self.params = params or MLPParams()
+        self.depth = self.params.depth
+        self.residual = self.params.residual
+        self.act = _ACTIVATIONS[self.params.activation]
+        self.init = nn.ParameterDict()
+        self.hidden: int | None = None
+
+    # -- sizes ----------------------------------------------------------------------------------
+    def bind(self, heads: int, d_in: int, d_out: int) -> None:
+        if self.residual and d_in != d_out:
+            raise SpecError([Issue(
+                "structure.residual",
+                f"the residual x + MLP(x) needs Dv == Dphi, got Dv={d_out}, Dphi={d_in}",
+                True,
+                "set residual = false, or make the value size equal the feature-mapped key size",
+            )])
+        super().bind(heads, d_in, d_out)
+        self.hidden = max(1, int(round(self.params.expansion * d_in)))
+        for name, shape in self.weight_shapes().items():
+            # std 1/sqrt(fan_in): activations keep their scale through the layers, and no layer
+            # starts at zero (that would zero every other layer's gradient).
+            w = torch.randn(heads, *shape) / math.sqrt(shape[1])
+            self.init[name] = nn.Parameter(w)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        L, h, di, do = self.depth, self.hidden, self.d_in, self.d_out
+        if L == 1:
+            return {"W1": (do, di)}
+        shapes = {"W1": (h, di)}
+        for i in range(2, L):
+            shapes[f"W{i}"] = (h, h)
+        shapes[f"W{L}"] = (do, h)
+        return shapes
+
+    def init_state(self, batch: int, *, dtype: torch.dtype, device: torch.device) -> dict:
+        # [H, *s] -> [B, H, *s]: one learned starting memory shared by every sequence
+        return {
+            k: p.to(dtype=dtype, device=device).unsqueeze(0).expand(batch, *p.shape)
+            for k, p in self.init.items()
+        }
+
+    # -- reads ----------------------------------------------------------------------------------
+    def _mlp(self, W: dict, x: torch.Tensor, eq: str) -> torch.Tensor:
+        h = x
+        for i in range(1, self.depth + 1):
+            h = torch.einsum(eq, W[f"W{i}"], h)
+            if i < self.depth:
+                h = self.act(h)
+        return x + h if self.residual else h
+
+    def read(self, W: dict, x: torch.Tensor) -> torch.Tensor:
+        # W_i: (B, H, out, in), x: (B, H, N, in) -> (B, H, N, out)
+        return self._mlp(W, x, "bhoi,bhni->bhno")
+
+    def read_per_token(self, Wt: dict, x: torch.Tensor) -> torch.Tensor:
+        # W_i: (B, H, N, out, in), x: (B, H, N, in) -> (B, H, N, out)
+        return self._mlp(Wt, x, "bhnoi,bhni->bhno")
+
+    # -- inner gradients (autograd through torch.func) ------------------------------------------
+    def grad(self, W: dict, x: torch.Tensor, u: torch.Tensor) -> dict:
+        """d/dW of ``sum_n <M(x_n), u_n>``: one VJP of the read. ``{k: [B, H, *s]}``."""
+        _, pull = torch.func.vjp(lambda w: self.read(w, x), dict(W))
+        return pull(u)[0]
+
+    def grad_per_token(self, W: dict, x: torch.Tensor, u: torch.Tensor) -> dict:
+        """One gradient per token, all at the same W: ``{k: [B, H, N, *s]}`` (vmap over N)."""
+
+        def one(x1: torch.Tensor, u1: torch.Tensor) -> dict:  # x1: (B, H, Dphi), u1: (B, H, Dv)
+            return self.grad(W, x1.unsqueeze(2), u1.unsqueeze(2))
+
+        return torch.func.vmap(one, in_dims=(2, 2), out_dims=2)(x, u)
+
+    def extra_repr(self) -> str:
+        p = self.params
+        return (f"depth={p.depth}, expansion={p.expansion}, activation={p.activation!r}, "
+                f"residual={p.residual}, hidden={self.hidden}")
+
+
+def build(params: MLPParams | None, ctx) -> MLPMemory:
+    return MLPMemory(params)
