@@ -1,0 +1,74 @@
+"""``atlas_muon:atlas_parallel``: chunk-parallel training of Muon rules (Atlas Sec 5, Eq 15, 32-34).
+
+Per chunk of C tokens (MATH.md, "Parallel forms"):
+
+1. every gradient is taken at the chunk's anchor, the memory before the chunk, so the per-token
+   (window-weighted) gradients ``G: [B, H, C, *s]`` come from one batched VJP;
+2. the momentum recurrence ``Z_t = eta_t Z_{t-1} + G_t`` is a linear scan (its closed form, a
+   lower-triangular decay matrix times G: `Muon.momenta`);
+3. ``NS_k`` runs on every ``Z_t`` of the chunk in one batched call;
+4. the retention recurrence ``M_t = alpha_t M_{t-1} - theta_t N_t`` is a second scan;
+5. the reads ``y_t = M_t(phi(q_t))`` (or ``M_{t-1}`` with ``read = "before"``) are per token.
+
+Chunk size 1 equals ``core:sequential`` exactly; chunk size C equals the rule's reference loop
+with ``anchor_every = C``. The memory, the momenta and the Omega window buffer are carried across
+chunks and calls (the chunk grid restarts at each call, as for ``core:chunkwise``).
+
+Memory. The forward transient is O(C |W|) per chunk, never O(T |W|). What autograd keeps for the
+backward pass is the larger cost: every chunk's momenta and NS iterates, O(T k |W|) over the
+sequence. With ``checkpoint = true`` (the default) each chunk is recomputed during the backward
+pass from its inputs instead, so only the chunk-boundary states are kept — O((T / C) |W| + C k |W|)
+— at the price of running each chunk's forward twice. Results and gradients are identical.
+
+The per-chunk code is ``core:chunkwise``'s generic path (this strategy subclasses it); what this
+strategy adds is the restriction to Muon (the linear-memory "attention" fast path of
+``core:chunkwise`` never applies to Muon), per-chunk recomputation, and a higher auto priority.
+``core:chunkwise`` also runs Muon rules, with the same results and without recomputation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from atlas_core.strategies.chunkwise import Chunkwise
+
+from .muon import Muon
+from .params import AtlasParallelParams
+
+
+class AtlasParallel(Chunkwise):
+    name = "atlas_muon:atlas_parallel"
+
+    def __init__(self, params: AtlasParallelParams | None = None) -> None:
+        # Chunkwise reads ``chunk_size`` and ``backend`` from its params object
+        super().__init__(params or AtlasParallelParams())
+        self.checkpoint = self.params.checkpoint
+
+    def describe(self) -> str:
+        return f"{self.name}(chunk_size={self.chunk_size}, checkpoint={self.checkpoint})"
+
+    def supports(self, rule) -> tuple[bool, str]:
+        algorithm = getattr(rule, "algorithm", None)
+        if not isinstance(algorithm, Muon):
+            spec = getattr(rule, "spec", {}) or {}
+            got = spec.get("algorithm", spec.get("use", type(rule).__name__))
+            return False, (
+                f"atlas_muon:atlas_parallel runs the Muon algorithm (atlas_muon:muon) only, got "
+                f"algorithm {got!r}; use core:chunkwise for other algorithms"
+            )
+        return super().supports(rule)
+
+    def fast_path(self, rule) -> bool:
+        return False  # NS is nonlinear in Z: always the per-token (generic) chunk
+
+    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
+        args = (rule, W, opt, xe, U, Wm, L, A, gates, psi)
+        if self.checkpoint and torch.is_grad_enabled():
+            # non-reentrant: accepts dict inputs/outputs and works under torch.func transforms
+            return checkpoint(super()._generic_chunk, *args, use_reentrant=False)
+        return super()._generic_chunk(*args)
+
+
+def build(params: AtlasParallelParams | None, ctx) -> AtlasParallel:
+    return AtlasParallel(params)

@@ -1,0 +1,55 @@
+"""Parameter models of the ``atlas_muon`` components (pydantic; unknown keys are errors).
+
+Kept free of torch so that validating a spec (``atlas spec validate``) stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, field_validator
+
+from atlas_core.host.registry import Params
+
+DEFAULT_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+class MuonParams(Params):
+    """Parameters of ``atlas_muon:muon``."""
+
+    ns_steps: int = Field(
+        5,
+        ge=0,
+        description="Newton-Schulz iterations k; 0 skips orthogonalisation (the update is then "
+        "the Frobenius-normalised momentum Z / ||Z||_F)",
+    )
+    coefficients: tuple[float, float, float] = Field(
+        DEFAULT_COEFFICIENTS,
+        description="(a, b, c) of the quintic X <- a X + (b A + c A^2) X, A = X X^T (Muon's default)",
+    )
+
+    @field_validator("coefficients")
+    @classmethod
+    def _finite(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        bad = [x for x in value if not math.isfinite(x)]
+        if bad:
+            raise ValueError(
+                f"coefficients must be finite numbers, got {list(value)}; the Muon quintic is "
+                f"{list(DEFAULT_COEFFICIENTS)}"
+            )
+        return value
+
+
+class AtlasParallelParams(Params):
+    """Parameters of ``atlas_muon:atlas_parallel``."""
+
+    chunk_size: int = Field(64, ge=1, description="tokens per chunk (C); 1 is exactly sequential")
+    checkpoint: bool = Field(
+        True,
+        description="recompute each chunk in the backward pass instead of keeping its per-token "
+        "momenta and Newton-Schulz iterates: training memory O((T/C) d^2 + C d^2) instead of "
+        "O(T k d^2); the results are identical",
+    )
+    backend: str | None = Field(
+        None, description="force a kernel backend by name, or 'torch' for the PyTorch code"
+    )
