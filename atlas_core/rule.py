@@ -168,6 +168,11 @@ class ComposedRule(Rule):
 
     def init_state(self, batch: int, *, dtype=torch.float32, device=None) -> dict:
         """The state before the first token: memory at its initial value, zeros elsewhere."""
+        if not self.structure.bound:
+            raise ValueError(
+                "the rule's sizes are not known yet: build it with build_rule(..., heads=H, "
+                "d_key=Dk, d_value=Dv) or call it once before asking for its initial state"
+            )
         device = torch.device(device) if device is not None else torch.device("cpu")
         W = self.structure.init_state(batch, dtype=dtype, device=device)
         state = dict(W)

@@ -33,3 +33,14 @@ def atlas_register(registry):
         params="atlas_core.strategies.chunkwise:ChunkwiseParams",
         summary="chunk-anchored gradients, exact linear recurrences inside a chunk",
         priority=10)
+    _T = "atlas_core.train.tasks"
+    for name, cls, summary in (
+        ("mqar", "mqar:MQARTask", "Zoology multi-query associative recall"),
+        ("copy", "copy:CopyTask", "copy a random sequence after a separator"),
+        ("selective_copy", "selective_copy:SelectiveCopyTask", "copy the data tokens of a noisy span"),
+        ("sniah", "sniah:SNIAHTask", "single needle in a haystack (RULER S-NIAH)"),
+        ("text", "text:TextTask", "byte- or character-level language modelling on a text file"),
+    ):
+        module, _, attr = cls.partition(":")
+        add("task", name, f"{_T}.{cls}", params=f"{_T}.{module}:{attr.replace('Task', 'Params')}",
+            summary=summary)

@@ -63,9 +63,9 @@ def strict_from_env() -> bool:
 
 def _entry_points() -> list[metadata.EntryPoint]:
     eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-    seen: dict[str, metadata.EntryPoint] = {}
+    seen: dict[tuple[str, str], metadata.EntryPoint] = {}
     for ep in eps:  # the same distribution found twice on sys.path: keep the first
-        seen.setdefault(ep.name, ep)
+        seen.setdefault((ep.name, _dist_of(ep)[0]), ep)
     return sorted(seen.values(), key=lambda e: (e.name != "core", e.name))
 
 
@@ -93,6 +93,15 @@ class PluginHost:
         for ep in _entry_points():
             dist, version = _dist_of(ep)
             rec = PluginRecord(ep.name, ep.value, dist, version)
+            first = self.records.get(ep.name)
+            if first is not None:  # two distributions claim one namespace
+                rec.namespace = f"{ep.name} ({dist})"
+                self.records[rec.namespace] = rec
+                self._fail(rec, PluginError(
+                    f"namespace {ep.name!r} is claimed by {first.distribution} ({first.module}) "
+                    f"and by {dist} ({ep.value}); uninstall one of them"
+                ))
+                continue
             self.records[ep.name] = rec
             if ep.name in disabled:
                 rec.status = "disabled"
@@ -115,6 +124,15 @@ class PluginHost:
     ) -> PluginRecord:
         """Register one plugin module (also used by tests and by `atlas check` on a path)."""
         rec = record or PluginRecord(namespace, getattr(module, "__name__", "?"), "<local>", "0")
+        first = self.records.get(namespace)
+        if first is not None and first is not rec and first.status == "ok":
+            rec.namespace = f"{namespace} ({rec.module})"
+            self.records[rec.namespace] = rec
+            self._fail(rec, PluginError(
+                f"namespace {namespace!r} is claimed by {first.distribution} ({first.module}) "
+                f"and by {rec.distribution} ({rec.module})"
+            ))
+            return rec
         self.records[namespace] = rec
         try:
             self._check_hook_names(module)
