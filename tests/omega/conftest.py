@@ -1,0 +1,49 @@
+"""Shared inputs for the Omega plugin tests (float64, tiny sizes)."""
+
+import torch
+
+import atlas_core as ac
+
+ALL_GATES = ("alpha", "eta", "theta", "gamma")
+
+
+def make_inputs(B=2, T=12, H=2, Dk=3, Dv=4, dtype=torch.float64, seed=0, gates=ALL_GATES,
+                requires_grad=False):
+    """q, k (l2-normalised), v: [B, T, H, D]; gates {name: [B, T, H]} in their MATH.md ranges."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, Dk, generator=g, dtype=dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(B, T, H, Dv, generator=g, dtype=dtype)
+    u = lambda: torch.rand(B, T, H, generator=g, dtype=dtype)  # noqa: E731
+    every = {
+        "alpha": 0.6 + 0.4 * u(),
+        "eta": 0.9 * u(),
+        "theta": 0.05 + 0.25 * u(),
+        "gamma": u(),
+    }
+    gates = {n: every[n] for n in gates}
+    if requires_grad:
+        for t in (q, k, v, *gates.values()):
+            t.requires_grad_(True)
+    return q, k, v, gates
+
+
+def window_rule(window, gamma="gate", algorithm="core:gd", read="after", decay=None,
+                retention="core:decay", structure="core:linear", feature_map="core:identity",
+                inner="core:l2"):
+    bias = {"use": "omega:window", "window": window, "gamma": gamma, "inner": inner}
+    if decay is not None:
+        bias["decay"] = decay
+    return ac.build_rule({"structure": structure, "bias": bias, "retention": retention,
+                          "algorithm": algorithm, "feature_map": feature_map, "read": read})
+
+
+def gates_for(rule, gates):
+    """Only the gates this rule uses."""
+    return {n: g for n, g in gates.items() if n in rule.gate_names}
+
+
+def anchored(rule, q, k, v, gates, state=None, every=1):
+    """The rule's anchored reference loop (`ComposedRule.reference(anchor_every=C)`), public layout."""
+    p = rule.prepare(q, k, v, gates=gates_for(rule, gates), state=state)
+    return rule.finish(p, rule.reference(p, anchor_every=every))
