@@ -1,0 +1,137 @@
+"""Resolving the ``[memory]`` table: validate by building the rule, then fill every default.
+
+Validation builds the rule with `atlas_core.rule.build_rule` (which collects every knob error at
+its dotted path and runs the knobs' composition checks) and the ``parallel`` strategy through the
+registry (kind ``strategy``); an explicitly named strategy that refuses the rule is an error with
+its reason. Building an unbound rule is cheap: no sizes are known, so no tensors are made.
+
+Resolution writes every component as ``{"use": "ns:name", **every param with its default}``:
+
+- a composed rule: ``structure``, ``bias``, ``retention``, ``algorithm``, ``feature_map``, ``read``
+  (a preset keeps its ``use`` first, followed by all five knobs, so the resolved table reads back
+  as the same preset with explicit overrides);
+- a standalone rule (e.g. the MRU): ``{"use": rule, **params}``;
+- ``parallel``: absent means ``core:sequential`` (what `build_rule` runs without one);
+  ``"auto"`` is resolved to the strategy the dispatcher picks for this rule now, so a saved spec
+  rebuilds the same computation even after other plugins are installed.
+
+Component params nested inside a knob's params (an Omega window's ``inner`` bias) are kept as
+the knob's params model returns them; they are not expanded.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import PurePath
+from typing import Any, Mapping
+
+from pydantic import BaseModel
+
+from ..errors import AtlasError, Issue, SpecError
+from ..host.registry import Registry, split_use
+
+DEFAULT_PARALLEL = "core:sequential"
+
+
+def plain(value: Any) -> Any:
+    """Params as plain TOML/JSON-friendly data (tuples -> lists, enums -> values, ...)."""
+    if isinstance(value, BaseModel):
+        return plain(value.model_dump())
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain(v) for v in value)
+    if isinstance(value, enum.Enum):
+        return plain(value.value)
+    if isinstance(value, PurePath):
+        return str(value)
+    return value
+
+
+def canonical_component(reg: Registry, kind: str, value: Any, path: str) -> dict[str, Any]:
+    """``"ns:name"`` or ``{"use": ..., **params}`` -> ``{"use": full name, **all params}``."""
+    name, raw = split_use(value, path)
+    comp = reg.get(kind, name, f"{path}.use" if isinstance(value, Mapping) else path)
+    params = comp.validate(raw, path)
+    return {"use": comp.name, **(plain(params) if params is not None else {})}
+
+
+def _canonical_rule(rule: Any, reg: Registry) -> dict[str, Any]:
+    from ..rule import KNOB_KINDS
+
+    raw = dict(getattr(rule, "spec", {}) or {})
+    use = raw.get("use")
+    out: dict[str, Any] = {}
+    if use is not None:
+        comp = reg.get("rule", use, "memory.use")
+        if "preset" not in comp.capabilities:  # a standalone rule and its params
+            rest = {k: v for k, v in raw.items() if k != "use"}
+            params = comp.validate(rest, "memory")
+            return {"use": comp.name, **(plain(params) if params is not None else {})}
+        out["use"] = comp.name
+    for key, kind in KNOB_KINDS.items():
+        out[key] = canonical_component(reg, kind, raw[key], f"memory.{key}")
+    out["read"] = raw.get("read", "after")
+    return out
+
+
+def _resolve_parallel(value: Any, rule: Any, reg: Registry, issues: list[Issue]) -> Any:
+    path = "memory.parallel"
+    if value == "auto":
+        if rule is None:
+            return None  # the rule has errors; they are reported already
+        from ..strategies.base import auto_strategy
+
+        try:
+            chosen = auto_strategy(rule, reg)
+        except (AtlasError, ValueError) as exc:
+            issues.append(Issue(path, f"no strategy can run this rule: {exc}", value))
+            return None
+        return canonical_component(reg, "strategy", chosen.name, path)
+    try:
+        strategy = reg.build("strategy", value, path=path)
+        resolved = canonical_component(reg, "strategy", value, path)
+    except SpecError as exc:
+        issues.extend(exc.issues)
+        return None
+    except (AtlasError, ValueError) as exc:
+        issues.append(Issue(path, str(exc), value))
+        return None
+    if rule is not None and hasattr(strategy, "supports"):
+        ok, reason = strategy.supports(rule)
+        if not ok:
+            issues.append(
+                Issue(path, f"{resolved['use']} cannot run this rule: {reason}", value,
+                      'use "auto" or "core:sequential"')
+            )
+    return resolved
+
+
+def resolve_memory(table: Any, reg: Registry, issues: list[Issue]) -> dict[str, Any] | None:
+    """The resolved ``[memory]`` table, or None with the problems appended to ``issues``."""
+    if isinstance(table, str):  # memory = "titans:titans": a rule or preset name alone
+        table = {"use": table}
+    if not isinstance(table, Mapping):
+        issues.append(Issue("memory", "must be a table (a [memory] section)", table))
+        return None
+    from ..rule import build_rule
+
+    t = dict(table)
+    parallel = t.pop("parallel", DEFAULT_PARALLEL)
+    rule, resolved = None, None
+    try:
+        rule = build_rule(t, registry=reg, path="memory")
+        resolved = _canonical_rule(rule, reg)
+    except SpecError as exc:
+        issues.extend(exc.issues)
+        rule = None
+    except (AtlasError, ValueError) as exc:  # a factory refusing its params
+        issues.append(Issue("memory", str(exc)))
+        rule = None
+    strategy = _resolve_parallel(parallel, rule, reg, issues)
+    if resolved is None or strategy is None:
+        return None
+    resolved["parallel"] = strategy
+    return resolved

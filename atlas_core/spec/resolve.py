@@ -1,0 +1,185 @@
+"""Loading and resolving specs: every name checked, every default filled, every error collected.
+
+``load_spec(source)`` accepts a path to a ``.toml`` file, TOML text, a mapping, or an already
+resolved `Spec` (returned as is). ``resolve_spec(mapping)`` does the work, section by section:
+
+========== ==================================================================================
+schema     must be ``"atlas/1"`` (the default when absent)
+name       a string (default: the file's stem, or ``"unnamed"``)
+[model]    ``arch`` names a component of kind ``arch``; the other keys are validated by that
+           component's params model
+[memory]   see `atlas_core.spec.memory` (built with `build_rule`, strategy checked)
+[layer]    validated by `atlas_core.layer.LayerParams` (kept as written if that module is absent)
+[train]    validated by ``atlas_core.train.params:TrainParams`` when that module exists; until a
+           trainer provides it, the table is kept exactly as written
+========== ==================================================================================
+
+Every problem becomes an `Issue` with its dotted path (``memory.algorithm.ns_steps``), the bad
+value and, for unknown keys and names, a "did you mean"; they are raised together as one
+`SpecError`. A component whose plugin is not installed names the distribution that provides it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from ..errors import Issue, SpecError, did_you_mean
+from ..host.registry import Registry, _issues_from_validation
+from .memory import plain, resolve_memory
+from .model import SCHEMA, TOP_LEVEL_KEYS, Spec
+from .toml_io import SpecFileError, load_file, loads
+
+TRAIN_PARAMS = ("atlas_core.train.params", "TrainParams")
+LAYER_PARAMS = ("atlas_core.layer", "LayerParams")
+
+
+def _optional(module: str, attr: str) -> Any:
+    """``module.attr`` if the module exists, else None (a missing part of the package)."""
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        found = None
+    if found is None:
+        return None
+    return getattr(importlib.import_module(module), attr, None)
+
+
+def _registry(registry: Registry | None) -> Registry:
+    if registry is not None:
+        return registry
+    from ..host.manager import get_registry
+
+    return get_registry()
+
+
+def _validate_params(model: Any, table: Mapping[str, Any], path: str, issues: list[Issue]):
+    try:
+        return plain(model.model_validate(dict(table)))
+    except ValidationError as exc:
+        issues.extend(_issues_from_validation(exc, path, model))
+    except SpecError as exc:
+        issues.extend(exc.prefixed(path).issues if path else exc.issues)
+    return None
+
+
+def _table(data: Mapping[str, Any], key: str, issues: list[Issue], required: bool) -> Any:
+    if key not in data:
+        if required:
+            issues.append(Issue(key, f"missing [{key}] table", None, f"add a [{key}] section"))
+        return None
+    value = data[key]
+    if not isinstance(value, Mapping):
+        issues.append(Issue(key, f"must be a table (a [{key}] section)", value))
+        return None
+    return value
+
+
+# -- sections -----------------------------------------------------------------------------------
+def resolve_model(table: Mapping[str, Any], reg: Registry, issues: list[Issue]) -> dict | None:
+    arch = table.get("arch")
+    if arch is None:
+        issues.append(Issue("model.arch", "missing: name the architecture", None,
+                            'e.g. arch = "titans:lmm"; see `atlas components list arch`'))
+        return None
+    if not isinstance(arch, str):
+        issues.append(Issue("model.arch", "must be an architecture name 'ns:name'", arch))
+        return None
+    try:
+        comp = reg.get("arch", arch, "model.arch")
+    except SpecError as exc:
+        issues.extend(exc.issues)
+        return None
+    rest = {k: v for k, v in table.items() if k != "arch"}
+    try:
+        params = comp.validate(rest, "model")
+    except SpecError as exc:
+        issues.extend(exc.issues)
+        return None
+    return {"arch": comp.name, **(plain(params) if params is not None else {})}
+
+
+def resolve_layer(table: Mapping[str, Any] | None, issues: list[Issue]) -> dict | None:
+    model = _optional(*LAYER_PARAMS)
+    if model is None:  # the memory layer is not part of this installation
+        return dict(table or {})
+    return _validate_params(model, table or {}, "layer", issues)
+
+
+def resolve_train(table: Mapping[str, Any], issues: list[Issue]) -> dict | None:
+    model = _optional(*TRAIN_PARAMS)
+    if model is None:  # no trainer yet: keep the table as written (documented)
+        return plain(dict(table))
+    return _validate_params(model, table, "train", issues)
+
+
+# -- the whole spec -----------------------------------------------------------------------------
+def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | None = None) -> Spec:
+    """Validate a spec mapping and fill every default (see the module docstring)."""
+    if isinstance(data, Spec):
+        return data
+    if not isinstance(data, Mapping):
+        raise SpecError([Issue("", "a spec must be a table of sections", type(data).__name__)], source)
+    reg = _registry(registry)
+    issues: list[Issue] = []
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            hint = did_you_mean(str(key), TOP_LEVEL_KEYS) or f"allowed keys: {', '.join(TOP_LEVEL_KEYS)}"
+            issues.append(Issue(str(key), "unknown key", None, hint))
+
+    schema = data.get("schema", SCHEMA)
+    if schema != SCHEMA:
+        issues.append(Issue("schema", f"unsupported spec schema; this version reads {SCHEMA!r}",
+                            schema, f'write schema = "{SCHEMA}"'))
+    default_name = Path(source).stem if source and not source.startswith("<") else "unnamed"
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not name.strip():
+        issues.append(Issue("name", "must be a non-empty string", name))
+
+    model = _table(data, "model", issues, required=True)
+    model_r = resolve_model(model, reg, issues) if model is not None else None
+    memory_r = None
+    if "memory" not in data:
+        issues.append(Issue("memory", "missing [memory] table", None,
+                            'add a [memory] section, e.g. use = "titans:titans"'))
+    else:
+        memory_r = resolve_memory(data["memory"], reg, issues)
+    layer = _table(data, "layer", issues, required=False)
+    layer_r = resolve_layer(layer, issues) if layer is not None or "layer" not in data else None
+    train = _table(data, "train", issues, required=False)
+    train_r = resolve_train(train, issues) if train is not None else None
+
+    if issues:
+        raise SpecError(issues, source)
+    spec = Spec(schema=schema, name=name, model=model_r, memory=memory_r, layer=layer_r,
+                train=train_r)
+    spec._source = source
+    return spec
+
+
+def _looks_like_toml(text: str) -> bool:
+    return "\n" in text or "=" in text or text.lstrip().startswith("[")
+
+
+def load_spec(source: Any, *, registry: Registry | None = None) -> Spec:
+    """A resolved `Spec` from a ``.toml`` path, TOML text, a mapping or a `Spec`."""
+    if isinstance(source, Spec):
+        return source
+    if isinstance(source, Mapping):
+        return resolve_spec(source, registry=registry)
+    if isinstance(source, Path) or (isinstance(source, str) and not _looks_like_toml(source)):
+        path = str(source)
+        return resolve_spec(load_file(path), source=path, registry=registry)
+    if isinstance(source, str):
+        return resolve_spec(loads(source, "<string>"), source="<string>", registry=registry)
+    raise TypeError(
+        f"load_spec takes a path, TOML text, a dict or a Spec, not {type(source).__name__}"
+    )
+
+
+__all__ = ["SpecFileError", "load_spec", "resolve_spec", "resolve_model", "resolve_layer",
+           "resolve_train"]
