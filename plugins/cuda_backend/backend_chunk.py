@@ -1,0 +1,126 @@
+"""``cuda:chunk_linear``: the Triton backend of ``core:chunkwise``'s linear fast path.
+
+Serves rules with the linear matrix memory (``core:linear``), the l2 or dot bias (alone or inside
+an Omega window, Atlas Eq 9), a linear retention (``core:none`` / ``core:decay``) and the ``gd`` or
+``momentum`` algorithm, for both read conventions. Everything else is refused with a reason, and
+``core:chunkwise`` then runs its PyTorch code (or, if this backend was forced through
+``ATLAS_BACKEND`` / the strategy's ``backend`` parameter, `atlas_core.backends` raises an error
+naming this backend and the reason).
+
+The call's tensors are those of `atlas_core.rule.MemoryInputs` (``psi, phik: [B, H, T, Dphi]``,
+``v: [B, H, T, Dv]``, gates ``[B, H, T]``, state ``M, Z.M: [B, H, Dv, Dphi]`` and the window
+buffers); `run` hands them to `chunk_linear.chunk_linear` and returns ``(y [B, H, T, Dv], state)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atlas_core.backends import Backend
+
+from .availability import tensors_runnable, triton_available
+
+MAX_HEAD_DIM = 128
+MAX_CHUNK = 64
+MAX_EXTENDED = 128
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (max(int(n), 1) - 1).bit_length())
+
+
+def bias_kind(bias) -> str | None:
+    """Which error derivative a bias uses: ``"l2"`` (pred - v), ``"dot"`` (-v) or None.
+
+    Decided by evaluating ``bias.error`` on a fixed probe with large, distinct entries, so a bias
+    wrapped by an Omega window (whose error is the inner bias's) is recognised without knowing the
+    wrapper's attribute names. A clipped (Huber) or powered (lp, p != 2) error differs from both
+    on this probe."""
+    pred = torch.tensor([[3.0, -250.0, 0.5, 1e3]], dtype=torch.float64)
+    v = torch.tensor([[1.5, 4.0, -700.0, -2e3]], dtype=torch.float64)
+    try:
+        err = bias.error(pred, v)
+    except Exception:  # noqa: BLE001 - an unprobeable bias is simply not served
+        return None
+    if not isinstance(err, torch.Tensor) or err.shape != pred.shape:
+        return None
+    if torch.equal(err, pred - v):
+        return "l2"
+    if torch.equal(err, -v):
+        return "dot"
+    return None
+
+
+class ChunkLinearBackend(Backend):
+    name = "cuda:chunk_linear"
+
+    def is_available(self) -> tuple[bool, str]:
+        return triton_available()
+
+    def verify(self, strategy, rule, inputs) -> tuple[bool, str]:
+        p = inputs
+        S = getattr(rule, "structure", None)
+        if S is None or not hasattr(rule, "bias"):
+            return False, "the rule is not knob-composed (the kernel runs linear-memory rules)"
+        if not getattr(S, "is_linear", False) or set(S.weight_shapes()) != {"M"}:
+            return False, f"structure {rule.spec.get('structure')!r} is not the linear matrix memory"
+        form = getattr(rule.algorithm, "linear_form", None)
+        if form not in ("gd", "momentum"):
+            return False, f"algorithm {rule.spec.get('algorithm')!r} is not gd or momentum"
+        ret = rule.retention
+        from atlas_core.knobs.retention import Retention
+
+        if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
+            return False, f"retention {rule.spec.get('retention')!r} is not a linear (scalar decay) retention"
+        kind = bias_kind(rule.bias)
+        if kind is None:
+            return False, (
+                f"bias {rule.spec.get('bias')!r}: the kernel implements the l2 and dot errors "
+                "(alone or inside an Omega window)"
+            )
+        B, H, T = p.shape
+        if T == 0:
+            return False, "the sequence is empty"
+        dk, dv = p.psi.shape[-1], p.v.shape[-1]
+        if _pow2(dk) > MAX_HEAD_DIM or _pow2(dv) > MAX_HEAD_DIM:
+            return False, f"head dims Dphi={dk}, Dv={dv} exceed {MAX_HEAD_DIM}"
+        C, c = getattr(strategy, "chunk_size", None), rule.window
+        if C is None:
+            return False, f"strategy {strategy.name} has no chunk_size"
+        if C > MAX_CHUNK:
+            return False, f"chunk_size={C} exceeds {MAX_CHUNK}"
+        if _pow2(C + c - 1) > MAX_EXTENDED:
+            return False, f"chunk_size + window - 1 = {C + c - 1} exceeds {MAX_EXTENDED}"
+        tensors = [p.psi, p.phik, p.v, p.alpha, *p.gates.values(), *p.state.values()]
+        for t in tensors:
+            if t.dtype not in DTYPES:
+                return False, f"dtype {t.dtype} is not supported (float32, bfloat16, float16)"
+        ok, why = tensors_runnable(*tensors)
+        if not ok:
+            return False, why
+        return True, ""
+
+    def run(self, strategy, rule, inputs):
+        from .chunk_linear import chunk_linear
+
+        p = inputs
+        xk, xv, xg = rule._extended(p)
+        lag = rule.bias.lag_weights(torch.float32, p.v.device)
+        momentum = rule.algorithm.linear_form == "momentum"
+        y, M, Z = chunk_linear(
+            p.psi, xk, xv, xg, p.alpha, p.gates["theta"],
+            p.gates["eta"] if momentum else None, lag,
+            p.state["M"], p.state["Z.M"] if momentum else None,
+            chunk_size=strategy.chunk_size, bias=bias_kind(rule.bias), read=rule.read,
+        )
+        dt = p.state["M"].dtype
+        opt = {"Z.M": Z.to(dt)} if momentum else {}
+        return y, rule._final_state({"M": M.to(dt)}, opt, xk, xv, xg)
+
+
+_INSTANCE = ChunkLinearBackend()
+
+
+def build(params, ctx) -> ChunkLinearBackend:
+    return _INSTANCE

@@ -1,0 +1,152 @@
+"""The chunk-anchored linear-memory update as a differentiable op over the Triton kernels.
+
+``chunk_linear(psi, xk, xv, xg, alpha, theta, eta, lag, m0, z0, chunk_size=, bias=, read=)``
+computes what ``core:chunkwise``'s linear fast path computes
+(`atlas_core.strategies.chunkwise.Chunkwise._linear_chunk`, the readable reference), with the
+forward in `chunk_linear_fwd` and the backward in `chunk_linear_bwd`, both Triton.
+
+Arguments (time-major per head, as in `atlas_core.rule.MemoryInputs`; c = window, TE = T + c - 1):
+    psi:   [B, H, T, Dk]   phi(q)
+    xk:    [B, H, TE, Dk]  phi(k) with the carried window keys first (``rule._extended``)
+    xv:    [B, H, TE, Dv]  v, likewise extended
+    xg:    [B, H, TE]      gamma, likewise extended (ones without a gamma gate)
+    alpha: [B, H, T]       retain factor;  theta: [B, H, T] learning rate
+    eta:   [B, H, T] momentum decay, or None for gd
+    lag:   [c]             window weights by distance (index 0 = the current token)
+    m0:    [B, H, Dv, Dk]  the memory before the call;  z0: the momentum before it, or None
+Returns ``(y [B, H, T, Dv] in the input dtype, M [B, H, Dv, Dk] float32, Z or None)``.
+
+psi/xk/xv/gates may be float32, bfloat16 or float16; the kernels accumulate in float32 and the
+states stay float32. Gradients flow to every tensor argument (lag included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+MAX_HEAD_DIM = 128  # Dk, Dv after padding to a power of two
+MAX_CHUNK = 64  # C
+MAX_EXTENDED = 128  # C + c - 1 after padding (the window's extended rows of one chunk)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def block(n: int) -> int:
+    """A power-of-two block of at least 16 (tl.dot's smallest tile on GPUs)."""
+    return max(16, triton.next_power_of_2(max(int(n), 1)))
+
+
+@dataclass(frozen=True)
+class Config:
+    chunk_size: int
+    window: int
+    l2: bool
+    momentum: bool
+    before: bool
+    BC: int
+    BM: int
+    BK: int
+    BV: int
+    precision: str
+
+    @classmethod
+    def make(cls, chunk_size, window, dk, dv, bias, read, momentum, dtype) -> "Config":
+        return cls(
+            chunk_size=chunk_size, window=window, l2=(bias == "l2"), momentum=momentum,
+            before=(read == "before"), BC=block(chunk_size), BM=block(chunk_size + window - 1),
+            BK=block(dk), BV=block(dv),
+            # float32 inputs get IEEE float32 products (the 1e-5 contract); half inputs may use
+            # TF32 tensor cores, which keep float32 accumulation
+            precision="ieee" if dtype == torch.float32 else "tf32",
+        )
+
+    def launch(self) -> dict:
+        return dict(
+            BC=self.BC, BM=self.BM, BK=self.BK, BV=self.BV, L2=self.l2, MOMENTUM=self.momentum,
+            BEFORE=self.before, PREC=self.precision, num_warps=4 if self.BK * self.BV <= 4096 else 8,
+        )
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, H, ...] -> contiguous [B * H, ...]."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]).contiguous()
+
+
+class ChunkLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, psi, xk, xv, xg, alpha, theta, eta, lag, m0, z0, cfg: Config):
+        from .chunk_linear_fwd import chunk_linear_fwd_kernel
+
+        B, H, T, DK = psi.shape
+        DV = xv.shape[-1]
+        BH, C, c = B * H, cfg.chunk_size, cfg.window
+        NT = triton.cdiv(T, C)
+        dev = psi.device
+        f32 = dict(dtype=torch.float32, device=dev)
+        args = [_flat(t) for t in (psi, xk, xv, xg, alpha, theta)]
+        eta_f = _flat(eta) if cfg.momentum else args[4]
+        lag_f = lag.contiguous()
+        m0_f = _flat(m0.float())
+        z0_f = _flat(z0.float()) if cfg.momentum else m0_f
+        y = torch.empty(BH, T, DV, dtype=psi.dtype, device=dev)
+        m_out = torch.empty(BH, DV, DK, **f32)
+        z_out = torch.empty(BH, DV, DK, **f32) if cfg.momentum else m_out
+        m_chk = torch.empty(BH, NT, DV, DK, **f32)
+        z_chk = torch.empty(BH, NT, DV, DK, **f32) if cfg.momentum else m_chk
+        chunk_linear_fwd_kernel[(BH,)](
+            *args, eta_f, lag_f, m0_f, z0_f, y, m_out, z_out, m_chk, z_chk,
+            T, NT, DK, DV, C, c, **cfg.launch(),
+        )
+        ctx.cfg = cfg
+        ctx.save_for_backward(*args, eta_f, lag_f, m_chk, z_chk)
+        ctx.shapes = (B, H, T, DK, DV)
+        y = y.view(B, H, T, DV)
+        M = m_out.view(B, H, DV, DK)
+        Z = z_out.view(B, H, DV, DK) if cfg.momentum else None
+        return y, M, Z
+
+    @staticmethod
+    def backward(ctx, dy, dM, dZ):
+        from .chunk_linear_bwd import chunk_linear_backward
+
+        return chunk_linear_backward(ctx, dy, dM, dZ) + (None,)
+
+
+def chunk_linear(psi, xk, xv, xg, alpha, theta, eta, lag, m0, z0, *, chunk_size: int,
+                 bias: str = "l2", read: str = "after"):
+    """See the module docstring. Validates shapes; returns ``(y, M, Z)``."""
+    B, H, T, DK = psi.shape
+    c = lag.shape[0]
+    DV = xv.shape[-1]
+    want = {
+        "xk": (xk, (B, H, T + c - 1, DK)), "xv": (xv, (B, H, T + c - 1, DV)),
+        "xg": (xg, (B, H, T + c - 1)), "alpha": (alpha, (B, H, T)), "theta": (theta, (B, H, T)),
+        "m0": (m0, (B, H, DV, DK)),
+    }
+    if eta is not None:
+        want["eta"] = (eta, (B, H, T))
+        want["z0"] = (z0, (B, H, DV, DK))
+    for name, (x, shape) in want.items():
+        if x is None or tuple(x.shape) != shape:
+            got = None if x is None else tuple(x.shape)
+            raise ValueError(f"chunk_linear: {name} must have shape {shape}, got {got}")
+    if bias not in ("l2", "dot"):
+        raise ValueError(f"chunk_linear: bias={bias!r} must be 'l2' or 'dot'")
+    if read not in ("after", "before"):
+        raise ValueError(f"chunk_linear: read={read!r} must be 'after' or 'before'")
+    if psi.dtype not in DTYPES:
+        raise ValueError(f"chunk_linear: dtype {psi.dtype} is not one of {DTYPES}")
+    cfg = Config.make(chunk_size, c, DK, DV, bias, read, eta is not None, psi.dtype)
+    if cfg.BC > MAX_CHUNK or cfg.BM > MAX_EXTENDED or cfg.BK > MAX_HEAD_DIM or cfg.BV > MAX_HEAD_DIM:
+        raise ValueError(
+            f"chunk_linear: chunk_size={chunk_size}, window={c}, Dk={DK}, Dv={DV} exceed the kernel "
+            f"limits (C <= {MAX_CHUNK}, C + c - 1 <= {MAX_EXTENDED}, D <= {MAX_HEAD_DIM})"
+        )
+    dt = psi.dtype
+    # keys/values travel in the input dtype; gates stay float32 (they enter logs and products)
+    xk, xv = xk.to(dt), xv.to(dt)
+    xg, alpha, theta = xg.float(), alpha.float(), theta.float()
+    eta = eta.float() if eta is not None else None
+    return ChunkLinearFn.apply(psi, xk, xv, xg, alpha, theta, eta, lag.float(), m0, z0, cfg)
