@@ -1,0 +1,125 @@
+"""``mru:mru_lm``: a GPT-2-style language model with MRU layers in place of attention (seed 002,
+"MRU-LM").
+
+Block (pre-norm, as GPT-2):  ``x = x + MRU(LN(x));  x = x + MLP(LN(x))``, MLP = Linear, GELU,
+Linear with ``mlp_ratio * d_model`` hidden units. Token embeddings only: the MRU is order-aware
+by itself (matrix products do not commute), so no position embedding limits the length. The
+output head shares the embedding matrix unless ``tie_embeddings = false``.
+
+Shapes: ``ids: [B, T]`` -> ``logits: [B, T, vocab_size]``. The carried state of `step` is a flat
+dict ``{"layers.<i>.H": [B, heads, d_o, d_o]}``; `generate` (from `MemoryLM`) feeds the prompt
+once and then one token at a time, carrying every layer's H, so decoding costs O(1) per token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from atlas_core.errors import Issue, SpecError
+from atlas_core.host.registry import Params
+from atlas_core.model import MemoryLM
+from atlas_core.rule import KNOB_DEFAULTS
+
+from .layer import MRULayer, matrix_order
+
+
+class MRULMParams(Params):
+    vocab_size: int = Field(..., ge=1, description="number of token ids")
+    d_model: int = Field(..., ge=1, description="embedding size; d_model / heads must be a perfect square")
+    depth: int = Field(..., ge=1, description="number of blocks")
+    heads: int = Field(..., ge=1, description="MRU heads; each head is a sqrt(d_model/heads)-order matrix")
+    mlp_ratio: float = Field(4.0, gt=0, description="MLP hidden size = mlp_ratio * d_model")
+    tie_embeddings: bool = Field(True, description="share the embedding matrix with the output head")
+    init_scale: float = Field(0.0, ge=0, description="std scale of W_in; 0 starts every X_t at I")
+
+
+class MRUBlock(nn.Module):
+    def __init__(self, d_model: int, heads: int, mlp_ratio: float, strategy: Any, init_scale: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.mru = MRULayer(d_model, heads, strategy=strategy, init_scale=init_scale)
+        self.norm2 = nn.LayerNorm(d_model)
+        hidden = max(1, int(round(mlp_ratio * d_model)))
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
+
+    def forward(self, x: torch.Tensor, state: dict | None):
+        y, state = self.mru(self.norm1(x), state)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), state
+
+
+class MRULM(MemoryLM):
+    def __init__(self, params: MRULMParams, strategy: Any = "mru:brent_kung") -> None:
+        super().__init__()
+        p = params
+        matrix_order(p.d_model, p.heads)  # fail early, naming the sizes
+        self.vocab_size, self.d_model, self.depth = p.vocab_size, p.d_model, p.depth
+        self.embed = nn.Embedding(p.vocab_size, p.d_model)
+        nn.init.normal_(self.embed.weight, std=0.02)
+        self.layers = nn.ModuleList(
+            MRUBlock(p.d_model, p.heads, p.mlp_ratio, strategy, p.init_scale) for _ in range(p.depth)
+        )
+        self.norm = nn.LayerNorm(p.d_model)
+        self.head = nn.Linear(p.d_model, p.vocab_size, bias=False)
+        if p.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def step(self, ids: torch.Tensor, state: dict | None = None):
+        """``ids: [B, T]`` continuing from ``state`` (None at the start) -> (logits, state)."""
+        self.check_ids(ids)
+        if ids.shape[1] == 0:
+            raise ValueError("ids must hold at least one token per sequence (got T=0)")
+        state = dict(state or {})
+        x = self.embed(ids)  # [B, T, d_model]
+        new_state = {}
+        for i, block in enumerate(self.layers):
+            key = f"layers.{i}.H"
+            x, s = block(x, {"H": state[key]} if key in state else None)
+            new_state[key] = s["H"]
+        return self.head(self.norm(x)), new_state
+
+
+DEFAULT_STRATEGY = "mru:brent_kung"
+
+
+def _name(value: Any) -> Any:
+    """``"ns:name"`` for a knob written as a name or as a table without params."""
+    if isinstance(value, dict) and set(value) == {"use"}:
+        return value["use"]
+    return value
+
+
+def _strategy_from_spec(spec: Any) -> Any:
+    """The scan strategy from the resolved spec's ``[memory]`` table (``use = "mru:mru"``,
+    ``parallel = ...``); `mru:brent_kung` when the spec names none."""
+    memory = getattr(spec, "memory", None) if spec is not None else None
+    if isinstance(spec, dict):
+        memory = spec.get("memory")
+    memory = dict(memory or {})
+    use = memory.get("use")
+    if use is not None and use not in ("mru:mru", "mru"):
+        raise SpecError(
+            [Issue("memory.use", "mru:mru_lm runs the mru:mru rule in every layer", use,
+                   'write [memory] use = "mru:mru" (or leave [memory] out)')]
+        )
+    if use is None:
+        # a knob-composed memory is accepted only when every knob is the core default (what a spec
+        # without a [memory] table resolves to); anything else would be silently ignored
+        knobs = {k: _name(memory[k]) for k in KNOB_DEFAULTS if k in memory}
+        if any(v != KNOB_DEFAULTS[k] for k, v in knobs.items()):
+            raise SpecError(
+                [Issue("memory", "mru:mru_lm runs the mru:mru rule, not a knob-composed memory",
+                       knobs, 'write [memory] use = "mru:mru"')]
+            )
+        return DEFAULT_STRATEGY  # the default memory's strategy is for composed rules
+    parallel = memory.get("parallel")
+    return parallel if parallel not in (None, {}, "") else DEFAULT_STRATEGY
+
+
+def build(params: MRULMParams, ctx) -> MRULM:
+    spec = ctx.options.get("spec") if ctx is not None else None
+    return MRULM(params, strategy=_strategy_from_spec(spec))
