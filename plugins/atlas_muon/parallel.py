@@ -28,13 +28,57 @@ strategy adds is the restriction to Muon (the linear-memory "attention" fast pat
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 
 from atlas_core.strategies.chunkwise import Chunkwise
 
 from .muon import Muon
 from .params import AtlasParallelParams
+
+
+class _Recompute(torch.autograd.Function):
+    """Run ``fn(*inputs) -> tuple of tensors`` without keeping its intermediates; recompute them
+    in the backward pass.
+
+    Hand-written instead of `torch.utils.checkpoint` because the non-reentrant checkpoint relies
+    on saved-tensor hooks, which ``torch.func`` transforms (used by deep memories such as
+    ``titans:mlp`` for their inner gradients) refuse, and the reentrant one does not support
+    ``torch.autograd.grad``. ``extra`` tensors (the rule's learned parameters) are used by ``fn``
+    through the module that owns them; listing them makes their gradients flow.
+    First-order only (``once_differentiable``): set ``checkpoint = false`` for double backward."""
+
+    @staticmethod
+    def forward(ctx, fn: Callable, n_inputs: int, *tensors: torch.Tensor):
+        ctx.fn, ctx.n_inputs = fn, n_inputs
+        ctx.save_for_backward(*tensors)
+        with torch.no_grad():
+            return tuple(fn(*tensors[:n_inputs]))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads: torch.Tensor):
+        tensors = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:]
+        n = ctx.n_inputs
+        inputs = [x.detach().requires_grad_(need) for x, need in zip(tensors[:n], needs[:n])]
+        with torch.enable_grad():
+            outs = ctx.fn(*inputs)
+        wrt = [x for x, need in zip(inputs + list(tensors[n:]), needs) if need]
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+        got = iter(())
+        if wrt and pairs:
+            got = iter(torch.autograd.grad(
+                [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True
+            ))
+        return (None, None, *[next(got) if need else None for need in needs])
+
+
+def recompute(fn: Callable, inputs: Sequence[torch.Tensor], extra: Sequence[torch.Tensor] = ()):
+    """``fn(*inputs)`` (a tuple of tensors) with its intermediates recomputed in the backward."""
+    return _Recompute.apply(fn, len(inputs), *inputs, *extra)
 
 
 class AtlasParallel(Chunkwise):
@@ -63,11 +107,25 @@ class AtlasParallel(Chunkwise):
         return False  # NS is nonlinear in Z: always the per-token (generic) chunk
 
     def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
-        args = (rule, W, opt, xe, U, Wm, L, A, gates, psi)
-        if self.checkpoint and torch.is_grad_enabled():
-            # non-reentrant: accepts dict inputs/outputs and works under torch.func transforms
-            return checkpoint(super()._generic_chunk, *args, use_reentrant=False)
-        return super()._generic_chunk(*args)
+        chunk = super()._generic_chunk
+        if not (self.checkpoint and torch.is_grad_enabled()):
+            return chunk(rule, W, opt, xe, U, Wm, L, A, gates, psi)
+        # flatten the dicts into one tensor list (fixed key order) and rebuild them inside
+        wk, ok, gk = list(W), list(opt), list(gates)
+        flat = [W[k] for k in wk] + [opt[k] for k in ok] + [gates[k] for k in gk]
+        flat += [xe, U, Wm, L, A, psi]
+
+        def run(*t):
+            i, j = len(wk), len(wk) + len(ok)
+            Wd, od = dict(zip(wk, t[:i])), dict(zip(ok, t[i:j]))
+            gd = dict(zip(gk, t[j : j + len(gk)]))
+            y, W1, o1 = chunk(rule, Wd, od, *t[j + len(gk) : j + len(gk) + 5], gd, t[-1])
+            return (y, *[W1[k] for k in wk], *[o1[k] for k in ok])
+
+        params = [p for p in rule.parameters() if p.requires_grad]
+        out = recompute(run, flat, params)
+        y, rest = out[0], out[1:]
+        return y, dict(zip(wk, rest[: len(wk)])), dict(zip(ok, rest[len(wk) :]))
 
 
 def build(params: AtlasParallelParams | None, ctx) -> AtlasParallel:
