@@ -25,9 +25,10 @@ own params model. Two keys are filled by the trainer when the task table leaves 
 ``vocab_size`` (from ``model.vocab_size``, for tasks that take one) and ``seq_len`` (from
 ``train.seq_len`` when that is set, which overrides the task's own).
 
-`validate_train(raw, path="train")` is what the spec loader calls: it returns the resolved table
-(every default filled, the task as ``{"use": "core:<name>", **its params}``) or raises one
-`SpecError` with every problem at its dotted path.
+``TrainParams.model_validate(table)`` (what the spec loader calls) resolves the task through the
+registry and raises one `SpecError` with every problem (paths relative to the table);
+`validate_train(raw, path="train")` returns the resolved table as plain data (every default
+filled, the task as ``{"use": "core:<name>", **its params as given}``) with dotted paths.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ class TrainParams(Params):
             )
         return self
 
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> "TrainParams":
+        """Validate a raw table; the task is resolved through the registry. Every problem is
+        collected into one `SpecError` (paths relative to the table)."""
+        if isinstance(obj, Mapping) and not args and not kwargs:
+            return _resolve(cls, obj)
+        return super().model_validate(obj, *args, **kwargs)
+
     @property
     def task_name(self) -> str:
         return split_use(self.task)[0]
@@ -95,13 +104,17 @@ class TrainParams(Params):
         return split_use(self.task)[1]
 
 
+def _validate(cls: type[TrainParams], raw: Mapping[str, Any]) -> TrainParams:
+    return super(TrainParams, cls).model_validate(dict(raw))
+
+
 def _task_hint(name: str, names: list[str]) -> str:
     short = [n.split(":", 1)[1] for n in names]
     hint = did_you_mean(name.split(":", 1)[-1], short)
     return (hint + " " if hint else "") + f"tasks: {', '.join(short)}"
 
 
-def resolve_task(value: Any, path: str = "train.task", registry=None) -> dict[str, Any]:
+def resolve_task(value: Any, path: str = "task", registry=None) -> dict[str, Any]:
     """``"mqar"`` or ``{use = "mqar", ...}`` -> ``{"use": "core:mqar", ...}`` with the params
     validated by the task's params model (kept as given: the trainer fills vocab_size/seq_len)."""
     from ..errors import UnknownComponentError
@@ -121,47 +134,58 @@ def resolve_task(value: Any, path: str = "train.task", registry=None) -> dict[st
     return {"use": comp.name, **raw}
 
 
-def validate_train(raw: Mapping[str, Any] | None, path: str = "train", registry=None) -> dict:
+def _issues(exc: ValidationError) -> list[Issue]:
+    """Pydantic errors as `Issue`s with paths relative to the [train] table."""
+    fields = list(TrainParams.model_fields)
+    issues = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            key = str(err["loc"][-1])
+            hint = did_you_mean(key, fields) or f"allowed keys: {', '.join(fields)}"
+            issues.append(Issue(where, "unknown key", None, hint))
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            issues.append(Issue(where, msg, err.get("input") if err["loc"] else None))
+    return issues
+
+
+def _resolve(cls: type[TrainParams], raw: Mapping[str, Any]) -> TrainParams:
+    issues: list[Issue] = []
+    base = None
+    try:
+        base = _validate(cls, {k: v for k, v in raw.items() if k != "task"})
+    except ValidationError as exc:
+        issues.extend(_issues(exc))
+    task = None
+    try:
+        task = resolve_task(raw.get("task", "mqar"), "task")
+    except SpecError as exc:
+        issues.extend(exc.issues)
+    if issues:
+        raise SpecError(issues)
+    assert base is not None and task is not None  # both succeeded when no issue was recorded
+    return base.model_copy(update={"task": task})
+
+
+def validate_train(raw: Mapping[str, Any] | None, path: str = "train") -> dict:
     """Validate a ``[train]`` table; returns the resolved mapping (see the module docstring)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
         raise SpecError([Issue(path, "must be a table", type(raw).__name__)])
-    issues: list[Issue] = []
     try:
-        params = TrainParams.model_validate(dict(raw))
-    except ValidationError as exc:
-        fields = list(TrainParams.model_fields)
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            where = f"{path}.{loc}" if loc else path
-            if err["type"] == "extra_forbidden":
-                key = str(err["loc"][-1])
-                hint = did_you_mean(key, fields) or f"allowed keys: {', '.join(fields)}"
-                issues.append(Issue(where, "unknown key", None, hint))
-            else:
-                msg = err["msg"].removeprefix("Value error, ")
-                value = err.get("input") if err["loc"] else None
-                issues.append(Issue(where, msg, value))
-        params = None
-    task_value = raw.get("task", "mqar")
-    task: dict[str, Any] | None = None
-    try:
-        task = resolve_task(task_value, f"{path}.task", registry)
+        params = TrainParams.model_validate(raw)
     except SpecError as exc:
-        issues.extend(exc.issues)
-    if issues:
-        raise SpecError(issues)
-    assert params is not None and task is not None  # both succeeded when no issue was recorded
-    out = params.model_dump()
-    out["task"] = task
-    if out["seq_len"] is None:
-        del out["seq_len"]  # TOML has no null; absent means "the task's own"
-    return out
+        raise exc.prefixed(path) from None
+    return params.model_dump()
 
 
 def train_params(raw: Mapping[str, Any] | TrainParams | None, path: str = "train") -> TrainParams:
     """A `TrainParams` from a raw or resolved table (validated, task resolved)."""
     if isinstance(raw, TrainParams):
         return raw
-    return TrainParams.model_validate(validate_train(raw, path))
+    try:
+        return TrainParams.model_validate(raw or {})
+    except SpecError as exc:
+        raise exc.prefixed(path) from None
