@@ -102,6 +102,7 @@ class ChunkLinearFn(torch.autograd.Function):
         ctx.cfg = cfg
         ctx.save_for_backward(*args, eta_f, lag_f, m_chk, z_chk)
         ctx.shapes = (B, H, T, DK, DV)
+        ctx.state_dtype = m0.dtype
         y = y.view(B, H, T, DV)
         M = m_out.view(B, H, DV, DK)
         Z = z_out.view(B, H, DV, DK) if cfg.momentum else None

@@ -50,7 +50,7 @@ def chunk_coefficients(
     a, th, e: [BC] (padded rows: a = e = 1, th = 0); g: [BM]; band: [BC, BM]; tmask: [BC] the
     chunk's real rows. Padded rows of the row vectors ``llast`` / ``elast`` (row n-1 of L / E)
     are zeroed: their momentum rows would otherwise leak into the final state.
-    Returns (la, b, rowexp, Lr, Ar, llast, Wp, le, ce, Ed, KZ, Kr, k, kz, P, PLr)."""
+    Returns (la, b, Lr, Ar, llast, Wp, le, ce, Ed, elast, KZ, Kr, k, kz, P, PLr)."""
     la = tl.log(tl.maximum(a, 1e-30))
     b = tl.cumsum(la, 0)
     b_last = tl.sum(la, 0)
@@ -81,13 +81,14 @@ def chunk_coefficients(
         le = la
         ce = b
         Ed = Lr
+        elast = llast
         KZ = Wp
         Kr = tl.dot(Lr, Wp, input_precision=PREC)
         k = tl.sum(llast[:, None] * Wp, 0)
         kz = k
         P = Ar
         PLr = Ar
-    return la, b, rowexp, Lr, Ar, llast, Wp, le, ce, Ed, KZ, Kr, k, kz, P, PLr
+    return la, b, Lr, Ar, llast, Wp, le, ce, Ed, elast, KZ, Kr, k, kz, P, PLr
 
 
 @triton.jit
@@ -139,7 +140,7 @@ def chunk_linear_fwd_kernel(
             e = tl.load(eta + tok, mask=tmask, other=1.0).to(tl.float32)
         else:
             e = a
-        la, b, rowexp, Lr, Ar, llast, Wp, le, ce, Ed, KZ, Kr, k, kz, P, PLr = chunk_coefficients(
+        la, b, Lr, Ar, llast, Wp, le, ce, Ed, elast, KZ, Kr, k, kz, P, PLr = chunk_coefficients(
             a, th, e, g, band, rc, tmask, BC, MOMENTUM, BEFORE, PREC
         )
         if L2:
