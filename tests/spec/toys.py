@@ -58,10 +58,58 @@ def build_toy_lm(params, ctx):
     return ToyLM()
 
 
+class SoloParams(Params):
+    scale: float = Field(1.0, gt=0)
+    flag: bool = False
+
+
+def build_solo(params, ctx):
+    """A standalone rule (no knobs): y = scale * v, no state."""
+    from atlas_core.rule import Rule
+
+    class Solo(Rule):
+        def reference(self, inputs):
+            return inputs
+
+    return Solo()
+
+
+def build_picky(params, ctx):
+    """A strategy that refuses every rule, with a reason."""
+    from atlas_core.strategies.base import Strategy
+
+    class Picky(Strategy):
+        name = "toy:picky"
+
+        def supports(self, rule):
+            return False, "toy:picky needs a rule with a toy capability"
+
+    return Picky()
+
+
 def register(registry) -> None:
     registry.add("arch", "lm", build_toy_lm, params=ToyArchParams, summary="toy language model")
     registry.add_preset("delta", knobs={"bias": "core:l2", "algorithm": "core:gd"},
                         summary="toy preset: the delta rule")
+    registry.add("rule", "solo", build_solo, params=SoloParams, summary="toy standalone rule")
+    registry.add("strategy", "picky", build_picky, summary="refuses every rule", priority=-5)
+
+
+def cli_app():
+    import typer
+
+    app = typer.Typer(help="toy plugin commands")
+
+    @app.command("hello")
+    def hello(name: str = "world") -> None:
+        typer.echo(f"hello {name} from toy")
+
+    return app
+
+
+def atlas_cli_apps():
+    # "spec" collides with a built-in group: the CLI must skip it and say so in `plugins doctor`
+    return [("toycmd", cli_app()), ("spec", cli_app())]
 
 
 @hookimpl
@@ -73,6 +121,7 @@ def toy_module() -> types.ModuleType:
     """A plugin module object for `PluginHost.add_plugin_module`."""
     mod = types.ModuleType("toy_plugin")
     mod.atlas_register = atlas_register
+    mod.atlas_cli_apps = hookimpl(atlas_cli_apps)
     return mod
 
 

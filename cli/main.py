@@ -1,0 +1,129 @@
+"""The ``atlas`` command: ``atlas [--format human|json] <group> <command> ...``.
+
+Command groups live in one module each; every module in `COMMAND_MODULES` defines
+``register(app)``, which adds its sub-app (``app.add_typer(...)``) or its commands to the root
+app. To add a group (train, eval, generate, bench, check, plugins new, ...), write
+``cli/<group>.py`` with ``register(app)`` and add ONE line to `COMMAND_MODULES`. Command modules
+must be cheap to import (no torch at module level): every invocation imports all of them.
+
+Plugins add commands only as ``typer.Typer`` sub-apps returned by their ``atlas_cli_apps`` hook;
+they are mounted after the built-in groups, and a name that is already taken is skipped (and
+reported by ``atlas plugins doctor``).
+
+Errors: a known error (bad spec, bad value, missing file) prints one line on stderr and exits 1;
+``ATLAS_DEBUG=1`` shows the traceback. Usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from .common import AtlasTyper, OutputFormat, debug, known_error, report, set_global_format
+
+# One line per command group, in the order `atlas --help` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "atlas_cli.plugins",  # atlas plugins list|doctor
+    "atlas_cli.components",  # atlas components list|show
+    "atlas_cli.spec",  # atlas spec validate|show
+    "atlas_cli.build",  # atlas build FILE
+    "atlas_cli.env",  # atlas env
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from atlas_core import __version__
+
+        typer.echo(f"atlas {__version__}")
+        raise typer.Exit()
+
+
+def _root_callback(
+    fmt: Annotated[
+        OutputFormat,
+        typer.Option("--format", case_sensitive=False,
+                     help="output of every command: human (tables) or json (data on stdout)"),
+    ] = OutputFormat.human,
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_version_callback, is_eager=True, help="print the version"),
+    ] = None,
+) -> None:
+    """Test-time memory layers: plugins, components, specs and models.
+
+    Data goes to stdout, logs and progress to stderr. Exit codes: 0 ok, 1 a check or validation failed, 2 usage error. ATLAS_DEBUG=1 shows tracebacks.
+    """
+    set_global_format(fmt)
+
+
+def _taken(app: typer.Typer) -> set[str]:
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands}
+    names |= {g.name for g in app.registered_groups if g.name}
+    return names
+
+
+def _mount_plugin_apps(app: typer.Typer) -> None:
+    from .plugins import SKIPPED_APPS
+
+    SKIPPED_APPS.clear()
+    try:
+        from atlas_core.host.manager import get_host
+
+        items = get_host().cli_apps()
+    except Exception:  # noqa: BLE001 - a broken host must not break the CLI; commands re-raise
+        return
+    for item in items:
+        name, sub, namespace = (tuple(item) + ("?",))[:3]
+        if name in _taken(app):
+            SKIPPED_APPS.append({"name": name, "namespace": namespace,
+                                 "reason": "a command with this name already exists"})
+            continue
+        if not isinstance(sub, typer.Typer):
+            SKIPPED_APPS.append({"name": str(name), "namespace": namespace,
+                                 "reason": f"not a typer.Typer but {type(sub).__name__}"})
+            continue
+        app.add_typer(sub, name=name, help=f"(from plugin {namespace})")
+
+
+def make_app(*, plugin_apps: bool = True) -> typer.Typer:
+    """A fresh root app with every command group (and the plugins' sub-apps)."""
+    app = AtlasTyper(
+        name="atlas",
+        callback=_root_callback,
+        epilog="Example:\n\n  atlas spec validate examples/titans_lmm.toml",
+        context_settings={"help_option_names": ["-h", "--help"]},
+        add_completion=False,
+    )
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(app)
+    if plugin_apps:
+        _mount_plugin_apps(app)
+    return app
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Entry point of the ``atlas`` script."""
+    app = make_app()
+    try:
+        app(args=argv, prog_name="atlas")
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - errors from plugin sub-apps' commands
+        if debug() or not known_error(exc):
+            raise
+        report(exc)
+        sys.exit(1)
+
+
+def __getattr__(name: str):
+    if name == "app":  # `from atlas_cli.main import app` for tests and docs tools
+        return make_app()
+    raise AttributeError(name)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

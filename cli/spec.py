@@ -1,0 +1,106 @@
+"""``atlas spec validate|show``: check TOML specs and print them resolved.
+
+Validation builds the memory rule without sizes (no tensors) to run every composition check; it
+imports torch but no kernels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .common import AtlasTyper, Failed, FormatOption, OutputFormat, emit, examples, out_console, resolve_format
+
+spec_app = AtlasTyper(help="Validate specs and show them resolved (every default filled).")
+
+
+def _issue_dict(issue) -> dict[str, Any]:
+    value = issue.value
+    if value is not None and not isinstance(value, (str, int, float, bool, list, dict)):
+        value = repr(value)
+    return {"path": issue.path, "message": issue.message, "value": value, "hint": issue.hint,
+            "text": issue.render()}
+
+
+def validate_file(path: str) -> dict[str, Any]:
+    """{file, ok, name, arch, spec_hash, errors}: one spec file checked."""
+    from atlas_core.errors import AtlasError, Issue, SpecError
+    from atlas_core.spec import SpecFileError, load_spec
+
+    row: dict[str, Any] = {"file": path, "ok": False, "name": None, "arch": None,
+                           "spec_hash": None, "errors": []}
+    try:
+        spec = load_spec(Path(path))
+    except SpecFileError as exc:
+        row["errors"] = [{"path": "", "message": exc.message, "value": None, "hint": exc.hint,
+                          "line": exc.line, "column": exc.column, "text": str(exc)}]
+        return row
+    except SpecError as exc:
+        row["errors"] = [_issue_dict(i) for i in exc.issues]
+        return row
+    except (AtlasError, ValueError) as exc:  # e.g. a factory that refused its params
+        row["errors"] = [_issue_dict(Issue("", str(exc)))]
+        return row
+    row.update(ok=True, name=spec.name, arch=spec.arch, spec_hash=spec.spec_hash)
+    return row
+
+
+@spec_app.command(
+    "validate",
+    epilog=examples("atlas spec validate examples/titans_lmm.toml",
+                    "atlas --format json spec validate examples/*.toml"),
+)
+def validate(
+    files: Annotated[list[str], typer.Argument(help="spec files (.toml)")],
+    fmt: FormatOption = None,
+) -> None:
+    """Validate spec files; every error is listed. Exit 1 if any file has an error."""
+    rows = [validate_file(f) for f in files]
+
+    def human(rows):
+        from rich.markup import escape
+
+        con = out_console()
+        for r in rows:
+            if r["ok"]:
+                con.print(f"[green]ok[/]  {escape(r['file'])}  name={escape(r['name'])} "
+                          f"arch={escape(r['arch'])} spec_hash={r['spec_hash']}")
+            else:
+                n = len(r["errors"])
+                con.print(f"[red]error[/]  {escape(r['file'])}: {n} problem{'s' if n != 1 else ''}")
+                for e in r["errors"]:
+                    text = e["text"]
+                    if e.get("line") is None and text.startswith(r["file"] + ":"):
+                        text = text[len(r["file"]) + 1:].lstrip()
+                    con.print(f"  - {text}", markup=False)
+
+    emit(rows, fmt, human)
+    if not all(r["ok"] for r in rows):
+        raise Failed()
+
+
+@spec_app.command(
+    "show",
+    epilog=examples("atlas spec show examples/titans_lmm.toml",
+                    "atlas --format json spec show examples/titans_lmm.toml"),
+)
+def show(
+    file: Annotated[str, typer.Argument(help="a spec file (.toml)")],
+    fmt: FormatOption = None,
+) -> None:
+    """Print the resolved spec (every default filled): TOML, or JSON with --format json."""
+    import sys
+
+    from atlas_core.spec import load_spec
+
+    spec = load_spec(Path(file))
+    if resolve_format(fmt) is OutputFormat.json:
+        emit(spec.to_dict(), fmt)
+    else:
+        sys.stdout.write(spec.to_toml())
+
+
+def register(app) -> None:
+    app.add_typer(spec_app, name="spec")
