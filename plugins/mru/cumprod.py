@@ -64,7 +64,7 @@ def _eye_like(X: torch.Tensor) -> torch.Tensor:
 
 def scan_forward(scan: Callable, X: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
     """``H_t = h0 X_1 ... X_t`` via ``scan``; h0 is folded into the first factor."""
-    y = X.clone()  # the scan's work buffer; X itself is never written
+    y = X.clone(memory_format=torch.contiguous_format)  # the scan's work buffer; X is never written
     if h0 is not None:
         y[..., 0, :, :] = h0 @ X[..., 0, :, :]
     return scan(y, _matmul, inplace=True)

@@ -22,7 +22,6 @@ from torch import nn
 from atlas_core.errors import Issue, SpecError
 from atlas_core.host.registry import Params
 from atlas_core.model import MemoryLM
-from atlas_core.rule import KNOB_DEFAULTS
 
 from .layer import MRULayer, matrix_order
 
@@ -86,40 +85,48 @@ class MRULM(MemoryLM):
 DEFAULT_STRATEGY = "mru:brent_kung"
 
 
-def _name(value: Any) -> Any:
-    """``"ns:name"`` for a knob written as a name or as a table without params."""
-    if isinstance(value, dict) and set(value) == {"use"}:
-        return value["use"]
-    return value
-
-
 def _strategy_from_spec(spec: Any) -> Any:
     """The scan strategy from the resolved spec's ``[memory]`` table (``use = "mru:mru"``,
-    ``parallel = ...``); `mru:brent_kung` when the spec names none."""
-    memory = getattr(spec, "memory", None) if spec is not None else None
-    if isinstance(spec, dict):
-        memory = spec.get("memory")
+    ``parallel = ...``); `DEFAULT_STRATEGY` when the model is built without a spec."""
+    if spec is None:
+        return DEFAULT_STRATEGY
+    memory = spec.get("memory") if isinstance(spec, dict) else getattr(spec, "memory", None)
     memory = dict(memory or {})
+    if not memory:
+        return DEFAULT_STRATEGY
     use = memory.get("use")
-    if use is not None and use not in ("mru:mru", "mru"):
+    if use not in ("mru:mru", "mru"):
+        # any other memory would be silently ignored: the MRU layer is the only mixer here
         raise SpecError(
             [Issue("memory.use", "mru:mru_lm runs the mru:mru rule in every layer", use,
-                   'write [memory] use = "mru:mru" (or leave [memory] out)')]
+                   'write [memory] use = "mru:mru" and parallel = "mru:brent_kung"')]
         )
-    if use is None:
-        # a knob-composed memory is accepted only when every knob is the core default (what a spec
-        # without a [memory] table resolves to); anything else would be silently ignored
-        knobs = {k: _name(memory[k]) for k in KNOB_DEFAULTS if k in memory}
-        if any(v != KNOB_DEFAULTS[k] for k, v in knobs.items()):
-            raise SpecError(
-                [Issue("memory", "mru:mru_lm runs the mru:mru rule, not a knob-composed memory",
-                       knobs, 'write [memory] use = "mru:mru"')]
-            )
-        return DEFAULT_STRATEGY  # the default memory's strategy is for composed rules
     parallel = memory.get("parallel")
     return parallel if parallel not in (None, {}, "") else DEFAULT_STRATEGY
 
 
+def _check_layer_table(spec: Any) -> None:
+    """The ``[layer]`` table configures the core memory layer, which this model does not use; a
+    changed option would be silently ignored, so it is an error."""
+    if spec is None:
+        return
+    layer = spec.get("layer") if isinstance(spec, dict) else getattr(spec, "layer", None)
+    if not layer:
+        return
+    from atlas_core.layer import LayerParams
+    from atlas_core.spec.memory import plain
+
+    defaults = plain(LayerParams())
+    changed = sorted(k for k, v in plain(dict(layer)).items() if defaults.get(k, object()) != v)
+    if changed:
+        raise SpecError(
+            [Issue(f"layer.{changed[0]}", "mru:mru_lm has no [layer] options (its MRU layer is "
+                   "configured in [model])", dict(layer)[changed[0]],
+                   "remove the [layer] table; see `atlas components show mru:mru_lm`")]
+        )
+
+
 def build(params: MRULMParams, ctx) -> MRULM:
     spec = ctx.options.get("spec") if ctx is not None else None
+    _check_layer_table(spec)
     return MRULM(params, strategy=_strategy_from_spec(spec))

@@ -68,30 +68,40 @@ def hillis_steele(y: torch.Tensor, combine: Combine, inplace: bool = False) -> t
     return y
 
 
-def _sklansky_indices(T: int, s: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Level with half-block size s: every t in the right half of its 2s-block (``(t // s)`` odd)
-    takes the last element of the left half, ``(t // s) * s - 1``, on its left."""
-    t = torch.arange(T, device=device)
-    tgt = t[(t // s) % 2 == 1]
-    src = (tgt // s) * s - 1
-    return src, tgt
-
-
 def sklansky(y: torch.Tensor, combine: Combine, inplace: bool = False) -> torch.Tensor:
-    """Sklansky (divide and conquer): ceil(log2 T) levels, T/2 combines per level.
+    """Sklansky (divide and conquer): ceil(log2 T) levels, about T/2 combines per level.
 
     Invariant after the level with half-block s: each position holds the product from the start of
-    its 2s-block up to itself. A block cut short by the end of the sequence is just a shorter
-    right half, which is why any T works without padding.
+    its 2s-block up to itself. At that level every position in the right half of a 2s-block takes
+    the last element of the left half on its left. Whole blocks are handled as one batched
+    product through a ``[..., blocks, 2s, r, c]`` view (no gather or scatter); a final block cut
+    short by the end of the sequence is just a shorter right half, so any T works without padding.
     """
     T = _time(y)
     y = y if inplace else y.clone()
     s = 1
     while s < T:
-        src, tgt = _sklansky_indices(T, s, y.device)
-        # the right-hand side is computed from gathered copies before the scatter, so no target is
-        # read after it is written
-        y[..., tgt, :, :] = combine(y[..., src, :, :], y[..., tgt, :, :])
+        nb = T // (2 * s)  # whole 2s-blocks
+        pieces = []
+        if nb:
+            blocks = y[..., : nb * 2 * s, :, :].unflatten(-3, (nb, 2 * s))  # [..., nb, 2s, r, c]
+            pieces.append((blocks[..., s - 1 : s, :, :], blocks[..., s:, :, :]))
+        tail = nb * 2 * s + s  # first right-half position of the partial block, if it has one
+        if tail < T:
+            pieces.append((y[..., tail - 1 : tail, :, :], y[..., tail:, :, :]))
+        # one combine call per level: the partial block's pairs are appended to the whole blocks'
+        if len(pieces) == 2:
+            (lb, rb), (lt, rt) = pieces
+            left = torch.cat([lb.expand_as(rb).flatten(-4, -3), lt.expand_as(rt)], dim=-3)
+            out = combine(left, torch.cat([rb.flatten(-4, -3), rt], dim=-3))
+            n = rb.shape[-4] * rb.shape[-3]
+            rb.copy_(out[..., :n, :, :].unflatten(-3, rb.shape[-4:-2]))
+            rt.copy_(out[..., n:, :, :])
+        else:
+            left, right = pieces[0]
+            # the right-hand side is computed before the write, so no target is read after it
+            # is written
+            right.copy_(combine(left.expand_as(right), right))
         s *= 2
     return y
 
