@@ -1,0 +1,68 @@
+"""``titans:mag``: Memory as Gate (Titans Sec 4.2; seeds 000 and 003).
+
+For a block that carries memory, with ``h = RMSNorm(x)`` and learned persistent tokens
+``p = [p_1 .. p_Np]`` (input-independent, ``[N_p, d_model]``)::
+
+    x~ = p || h
+    y  = SW-Attn*(x~)          # sliding-window attention; the prefix p is always visible
+    m  = M(x~)                 # the memory layer reads the same sequence (p first)
+    x  = x + W_o (norm(y) * sigmoid(norm(m)))      # the gate (x): both branches normalised
+    x  = x + MLP(RMSNorm(x))
+
+Only the token positions of ``y`` and ``m`` are kept (the memory processes p once, at the start
+of a sequence, so p shapes its state). Blocks not in ``memory_layers`` are sliding-window
+attention blocks (`attention.AttentionBlock`).
+
+Shapes: ``ids: [B, T]`` -> ``logits: [B, T, vocab_size]``. ``step`` carries, per block, the
+attention cache (prefix + last window - 1 keys/values) and the memory state (`run_memory`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import AttentionBlock, SlidingWindowAttention
+from .common import (BranchGate, FeedForward, HybridParams, TitansLM, build_memory_layer,
+                     run_memory, spec_of)
+
+
+class MAGBlock(nn.Module):
+    def __init__(self, p: HybridParams, memory) -> None:
+        super().__init__()
+        d = p.d_model
+        self.persistent = nn.Parameter(0.02 * torch.randn(p.persistent_tokens, d))
+        self.norm_in = nn.RMSNorm(d, eps=p.norm_eps)
+        self.attn = SlidingWindowAttention(d, p.attn_heads or p.heads, p.window, p.rotary_base)
+        self.memory = memory
+        self.gate = BranchGate(d, p.norm_eps)
+        self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
+        self.mlp = FeedForward(d, p.mlp_ratio)
+
+    def forward(self, x: torch.Tensor, state, keep_state: bool):
+        B, T, _ = x.shape
+        h = self.norm_in(x)
+        attn_st, mem_st = (state["attn"], state["memory"]) if state else (None, None)
+        y, attn_st = self.attn(h, attn_st, prefix=self.persistent, keep_state=keep_state)
+        if state is None:  # the start of a sequence: the memory reads p first
+            h = torch.cat([self.persistent.to(h.dtype).unsqueeze(0).expand(B, -1, -1), h], dim=1)
+        m, mem_st = run_memory(self.memory, h, mem_st, keep_state=keep_state)
+        x = x + self.gate(y, m[:, m.shape[1] - T :])
+        x = x + self.mlp(self.norm_mlp(x))
+        return x, ({"attn": attn_st, "memory": mem_st} if keep_state else None)
+
+
+class MAG(TitansLM):
+    pass
+
+
+def build(params: HybridParams, ctx) -> MAG:
+    spec, p = spec_of(ctx), params
+    blocks = []
+    for i in range(p.depth):
+        if p.carries_memory(i):
+            blocks.append(MAGBlock(p, build_memory_layer(spec, p.d_model, p.heads, arch="titans:mag")))
+        else:
+            blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
+                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps))
+    return MAG(p, blocks)
