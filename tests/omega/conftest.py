@@ -1,8 +1,21 @@
 """Shared inputs for the Omega plugin tests (float64, tiny sizes)."""
 
+import pytest
 import torch
 
 import atlas_core as ac
+
+
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    """Tiny tensors gain nothing from torch's intra-op threads, and on a busy 2-core machine some
+    kernels pay milliseconds per call to wake the pool (a bool ``tril`` in
+    `atlas_core.strategies.decay.decay_matrix` took ~20 ms per call under load). A workaround
+    for test speed only; the previous setting is restored after each test."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 ALL_GATES = ("alpha", "eta", "theta", "gamma")
 
