@@ -59,6 +59,23 @@ class MRURule(Rule):
         self.spec = dict(spec or {"use": "mru:mru"})
         self.default_strategy = default_strategy
 
+    def bind(self, heads: int, d_key: int | None = None, d_value: int | None = None) -> "MRURule":
+        """Record the sizes a caller works with (``heads`` and the matrix order ``d = d_key``).
+
+        The rule itself takes its sizes from X on every call; the recorded ones only size
+        `example_inputs` (what the conformance kit calls the rule with). ``d_value`` is unused."""
+        self.heads, self.order = int(heads), int(d_key if d_key is not None else 2)
+        return self
+
+    def example_inputs(self, *, batch: int, seq_len: int, dtype=torch.float32, device=None,
+                       generator: torch.Generator | None = None) -> dict:
+        """``{"X": [batch, seq_len, heads, d, d]}`` of random rotations (``exp`` of a random
+        skew-symmetric matrix, as the MRU layer makes them), so products stay O(1) at any length."""
+        heads, d = getattr(self, "heads", 2), getattr(self, "order", 2)
+        A = torch.randn(batch, seq_len, heads, d, d, generator=generator, dtype=torch.float64)
+        X = torch.linalg.matrix_exp(A - A.mT)
+        return {"X": X.to(device=device, dtype=dtype)}
+
     def state_keys(self) -> list[str]:
         return list(self.state_keys_)
 
