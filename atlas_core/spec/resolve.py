@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import Issue, SpecError, did_you_mean
-from ..host.registry import Registry, _issues_from_validation
+from ..host.registry import Registry
 from .memory import plain, resolve_memory
 from .model import SCHEMA, TOP_LEVEL_KEYS, Spec
 from .toml_io import SpecFileError, load_file, loads
@@ -57,11 +58,42 @@ def _registry(registry: Registry | None) -> Registry:
     return get_registry()
 
 
+def _submodel(model: Any, loc: tuple) -> Any:
+    """The params model that owns the last key of ``loc`` (nested tables such as gate_bias)."""
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def validation_issues(exc: ValidationError, path: str, model: Any) -> list[Issue]:
+    """Pydantic errors as `Issue`s; an unknown key's hint lists the keys of its own table."""
+    issues = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in (path, *loc) if p != "")
+        if err["type"] == "extra_forbidden":
+            owner = _submodel(model, loc)
+            fields = list(getattr(owner, "model_fields", {}))
+            hint = did_you_mean(str(loc[-1]), fields) or (
+                f"allowed keys: {', '.join(fields)}" if fields else None)
+            issues.append(Issue(where, "unknown key", err.get("input"), hint))
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            issues.append(Issue(where, msg, err.get("input")))
+    return issues
+
+
 def _validate_params(model: Any, table: Mapping[str, Any], path: str, issues: list[Issue]):
     try:
         return plain(model.model_validate(dict(table)))
     except ValidationError as exc:
-        issues.extend(_issues_from_validation(exc, path, model))
+        issues.extend(validation_issues(exc, path, model))
     except SpecError as exc:
         issues.extend(exc.prefixed(path).issues if path else exc.issues)
     return None
@@ -162,7 +194,11 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
 
 
 def _looks_like_toml(text: str) -> bool:
-    return "\n" in text or "=" in text or text.lstrip().startswith("[")
+    if "\n" in text:
+        return True
+    if text.strip().endswith(".toml"):
+        return False  # a path, even one with "=" in a folder name
+    return "=" in text or text.lstrip().startswith("[")
 
 
 def load_spec(source: Any, *, registry: Registry | None = None) -> Spec:

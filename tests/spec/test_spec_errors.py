@@ -132,3 +132,10 @@ def test_missing_file_and_bad_source_type(tmp_path, reg):
     assert "no such file" in str(info.value) and "nope.toml" in str(info.value)
     with pytest.raises(TypeError, match="path, TOML text, a dict or a Spec"):
         load_spec(42, registry=reg)
+
+
+def test_unknown_key_in_a_nested_table_suggests_from_that_table(reg):
+    found = errors(variant(layer__gate_bias={"alfa": 1.0, "theta": "x"}), reg)
+    assert set(found) == {"layer.gate_bias.alfa", "layer.gate_bias.theta"}
+    assert found["layer.gate_bias.alfa"].hint == "did you mean 'alpha'?"
+    assert found["layer.gate_bias.theta"].value == "x"

@@ -125,3 +125,11 @@ def test_spec_object_is_frozen(reg):
     assert isinstance(spec, Spec)
     with pytest.raises(ValidationError):
         spec.name = "other"
+
+
+def test_a_path_with_equals_sign_is_a_path(reg, tmp_path):
+    folder = tmp_path / "lr=3e-3"
+    folder.mkdir()
+    path = folder / "spec.toml"
+    path.write_text('[model]\narch = "toy:lm"\n[memory]\nbias = "core:dot"\n')
+    assert load_spec(str(path), registry=reg).memory["bias"] == {"use": "core:dot"}
