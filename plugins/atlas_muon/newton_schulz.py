@@ -73,12 +73,15 @@ def newton_schulz(
     tall = X.shape[-2] > X.shape[-1]
     if tall:  # iterate on the wide orientation: X X^T is the smaller Gram matrix
         X = X.mT
-    # per-matrix Frobenius norm [..., 1, 1]; eps keeps a zero matrix at zero (no 0 / 0)
+    lead, (r, c_) = X.shape[:-2], X.shape[-2:]
+    X = X.reshape(-1, r, c_)  # (N, r, c): one batch of matrices for the fused batched matmuls
+    # per-matrix Frobenius norm (N, 1, 1); eps keeps a zero matrix at zero (no 0 / 0)
     X = X / (torch.linalg.matrix_norm(X, keepdim=True) + eps)
     for _ in range(steps):
-        A = X @ X.mT  # [..., r, r], r = min(rows, cols)
-        B = b * A + c * (A @ A)
-        X = a * X + B @ X
+        A = X @ X.mT  # (N, r, r), r = min(rows, cols)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A A, fused
+        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X, fused
+    X = X.reshape(*lead, r, c_)
     if tall:
         X = X.mT
     return X.to(G.dtype)

@@ -23,16 +23,20 @@ class MuonParams(Params):
         description="Newton-Schulz iterations k; 0 skips orthogonalisation (the update is then "
         "the Frobenius-normalised momentum Z / ||Z||_F)",
     )
-    coefficients: tuple[float, float, float] = Field(
+    coefficients: tuple[float, ...] = Field(
         DEFAULT_COEFFICIENTS,
         description="(a, b, c) of the quintic X <- a X + (b A + c A^2) X, A = X X^T (Muon's default)",
     )
 
     @field_validator("coefficients")
     @classmethod
-    def _finite(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
-        bad = [x for x in value if not math.isfinite(x)]
-        if bad:
+    def _three_finite(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if len(value) != 3:
+            raise ValueError(
+                f"coefficients must be three numbers (a, b, c), got {len(value)}: {list(value)}; "
+                f"the Muon quintic is {list(DEFAULT_COEFFICIENTS)}"
+            )
+        if not all(math.isfinite(x) for x in value):
             raise ValueError(
                 f"coefficients must be finite numbers, got {list(value)}; the Muon quintic is "
                 f"{list(DEFAULT_COEFFICIENTS)}"

@@ -18,13 +18,16 @@ from atlas_core.host.hookspecs import hookimpl
 
 _M = "atlas_plugins.atlas_muon"
 
-#: The Atlas knobs shared by both presets (Atlas Sec 5: Omega window c = 8, polynomial phi,
-#: data-dependent decay, Muon with 5 Newton-Schulz steps).
+#: The Atlas knobs shared by both presets (Atlas Sec 5): the Omega window over the last c = 8
+#: tokens weighted by the input-dependent gate gamma (Atlas Eq 9; the same window as
+#: omega:omeganet), a degree-2 polynomial feature map, data-dependent decay, Muon with 5
+#: Newton-Schulz steps, read after the update.
 ATLAS_KNOBS = {
-    "bias": {"use": "omega:window", "window": 8, "inner": "core:l2"},
+    "bias": {"use": "omega:window", "window": 8, "inner": "core:l2", "gamma": "gate"},
     "retention": "core:decay",
     "algorithm": {"use": "atlas_muon:muon", "ns_steps": 5},
     "feature_map": {"use": "omega:poly", "mode": "elementwise", "degree": 2},
+    "read": "after",
 }
 
 
