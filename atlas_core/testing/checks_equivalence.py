@@ -1,0 +1,283 @@
+"""Checks that compare a run with its reference: strategies, state carry, gradients, reductions.
+
+The reference of a strategy variant is ``core:sequential`` for chunk size 1 (and for strategies
+without a chunk size, or declaring ``"exact"``), and the rule's anchored reference loop
+``rule.reference(inputs, anchor_every=C)`` for chunk size C > 1 (MATH.md, "Parallel forms").
+Every comparison starts from a realistic non-zero state (the state after 3 random tokens) as well
+as from the empty one, so initial-state handling is covered.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import inputs as I
+from .config import CONFIG
+from .results import RULE_BEARING, Failure, Skip, register
+from .subject import SEQUENTIAL, Variant
+
+
+def _dtype():
+    return getattr(torch, CONFIG.dtype)
+
+
+def _nums(subject, variant, dtype=None, B=None, T=None, **extra):
+    ref = "core:sequential" if variant.ref == "sequential" else f"anchored reference (anchor_every={variant.chunk})"
+    return {
+        "strategy": variant.label,
+        "reference": ref,
+        "dtype": str(dtype or _dtype()).replace("torch.", ""),
+        "sizes": subject.sizes_text(B, T),
+        **extra,
+    }
+
+
+def _tol(variant: Variant) -> float:
+    return CONFIG.tolerance("exact" if variant.ref == "sequential" and (variant.chunk or 1) == 1 else "chunked")
+
+
+def _not_reference(subject) -> bool:
+    return not (subject.kind == "strategy" and subject.name == "core:sequential")
+
+
+def _compared_variants(subject, rule) -> list[Variant]:
+    variants, left = subject.variants(rule)
+    if not variants:
+        if subject.kind == "strategy":
+            raise Skip(f"{subject.name} does not run this rule: " + "; ".join(left))
+        raise Skip(
+            "no registered strategy other than core:sequential runs this rule"
+            + (" (" + "; ".join(left) + ")" if left else "")
+        )
+    return variants
+
+
+@register(
+    "check_strategies_match_sequential",
+    "every registered strategy that supports a rule computes what core:sequential computes: exactly "
+    "(to rounding) at chunk size 1, and the anchored reference rule.reference(inputs, anchor_every=C) "
+    "at chunk size C > 1; outputs and final state, from an empty and from a non-zero state.",
+    RULE_BEARING,
+    applies=_not_reference,
+)
+def check_strategies_match_sequential(subject) -> None:
+    subject.require_buildable()
+    rule = subject.build_rule(dtype=_dtype())
+    warm = subject.warm_state(rule)
+    for variant in _compared_variants(subject, rule):
+        flat = subject.inputs(rule)
+        for start, state in (("empty", None), ("non-zero", warm)):
+            got = subject.run(rule, flat, variant, state=state)
+            want = subject.run(rule, flat, variant, state=state, reference=True)
+            I.compare(got, want, _tol(variant), f"{variant.label} differs from its reference ({start} initial state)",
+                      **_nums(subject, variant))
+
+
+@register(
+    "check_state_carry",
+    "two calls, the second given the state the first returned, equal one call over the whole "
+    "sequence (outputs and final state; split on a chunk boundary for chunked strategies).",
+    RULE_BEARING,
+)
+def check_state_carry(subject) -> None:
+    subject.require_buildable()
+    rule = subject.build_rule(dtype=_dtype())
+    warm = subject.warm_state(rule)
+    for variant in subject.run_variants(rule):
+        flat = subject.inputs(rule)
+        cut = variant.chunk if variant.chunk and variant.chunk > 1 else 3
+        whole = subject.run(rule, flat, variant, state=warm)
+        a = subject.run(rule, I.time_slice(flat, 0, cut), variant, state=warm)
+        b = subject.run(rule, I.time_slice(flat, cut, None), variant, state=I.state_of(a))
+        joined = {"y": torch.cat([a["y"], b["y"]], dim=1), **{k: x for k, x in b.items() if k != "y"}}
+        I.compare(joined, whole, CONFIG.tolerance("exact"),
+                  f"two calls split at token {cut} differ from one call", **_nums(subject, variant, split=cut))
+
+
+def _loss_and_grads(subject, rule, flat, variant, state, *, reference=False):
+    """Gradients of a fixed random projection of (y, final state) w.r.t. every input and state."""
+    x = I.leaves(flat)
+    s = I.leaves(state) if state is not None else None
+    out = subject.run(rule, x, variant, state=s, reference=reference)
+    g = torch.Generator().manual_seed(11)
+    loss = 0.0
+    for key in sorted(out):
+        w = torch.randn(out[key].shape, generator=g, dtype=torch.float64).to(out[key])
+        loss = loss + (out[key] * w).sum()
+    named = {**{f"input {k}": t for k, t in x.items() if t.requires_grad},
+             **({f"initial state[{k!r}]": t for k, t in s.items() if t.requires_grad} if s else {})}
+    grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True)
+    return out, dict(zip(named, grads))
+
+
+@register(
+    "check_gradients_finite",
+    "a backward pass through outputs and final state reaches every input (q, k, v, every gate, "
+    "every initial-state tensor) with finite gradients, under every strategy.",
+    RULE_BEARING,
+)
+def check_gradients_finite(subject) -> None:
+    subject.require_buildable()
+    rule = subject.build_rule(dtype=_dtype())
+    warm = subject.warm_state(rule)
+    for variant in subject.run_variants(rule):
+        _, grads = _loss_and_grads(subject, rule, subject.inputs(rule), variant, warm)
+        for name, g in grads.items():
+            if g is None:
+                raise Failure(f"no gradient reaches {name}", **_nums(subject, variant))
+            if not torch.isfinite(g).all():
+                raise Failure(f"the gradient of {name} has {int((~torch.isfinite(g)).sum())} non-finite entries",
+                              **_nums(subject, variant))
+
+
+@register(
+    "check_gradients_match_reference",
+    "gradients through every strategy equal the gradients through its reference (core:sequential, "
+    "or the anchored reference for chunk size C > 1) for every input and initial-state tensor.",
+    RULE_BEARING,
+    applies=_not_reference,
+)
+def check_gradients_match_reference(subject) -> None:
+    subject.require_buildable()
+    rule = subject.build_rule(dtype=_dtype())
+    warm = subject.warm_state(rule)
+    for variant in _compared_variants(subject, rule):
+        flat = subject.inputs(rule)
+        _, got = _loss_and_grads(subject, rule, flat, variant, warm)
+        _, want = _loss_and_grads(subject, rule, flat, variant, warm, reference=True)
+        for name in want:
+            if (got[name] is None) != (want[name] is None):
+                raise Failure(f"a gradient reaches {name} on one side only", **_nums(subject, variant))
+        keys = [k for k in want if want[k] is not None]
+        tol = CONFIG.tolerance("grad")
+        I.compare({k: got[k] for k in keys}, {k: want[k] for k in keys}, tol,
+                  f"gradients through {variant.label} differ from its reference", **_nums(subject, variant))
+
+
+TINY = {"B": 1, "T": 3, "H": 1, "Dk": 2, "Dv": 2}
+
+
+@register(
+    "check_gradcheck_float64",
+    "torch.autograd.gradcheck passes in float64 on tiny sizes (B=1, T=3, H=1, Dk=Dv=2) for every "
+    "strategy, w.r.t. every input and a non-zero initial state: the backward is the derivative of "
+    "the forward (fast mode: random projections of the Jacobian).",
+    RULE_BEARING,
+)
+def check_gradcheck_float64(subject) -> None:
+    subject.require_buildable()
+    rule = subject.build_rule(dtype=torch.float64, sizes=TINY)
+    warm = subject.warm_state(rule, B=1, dtype=torch.float64)
+    for variant in subject.run_variants(rule):
+        flat = subject.inputs(rule, B=1, T=TINY["T"], dtype=torch.float64)
+        names = list(flat) + [f"state.{k}" for k in warm]
+        tensors = [t.detach().clone().requires_grad_(True) for t in list(flat.values()) + list(warm.values())]
+        n = len(flat)
+
+        def f(*ts):
+            x = dict(zip(names[:n], ts[:n]))
+            s = {k[len("state."):]: t for k, t in zip(names[n:], ts[n:])}
+            out = subject.run(rule, x, variant, state=s)
+            return tuple(out[k] for k in sorted(out))
+
+        try:
+            torch.autograd.gradcheck(f, tensors, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
+        except Exception as exc:  # noqa: BLE001 - GradcheckError or a crash in backward
+            text = str(exc).strip().splitlines()
+            raise Failure("gradcheck failed: " + " ".join(text[:6])[:600],
+                          strategy=variant.label, dtype="float64", sizes=" ".join(f"{k}={v}" for k, v in TINY.items()))
+
+
+REDUCTION_KEYS = {"name", "equals", "params", "gates", "atol", "summary"}
+
+
+def _reductions(subject) -> list[dict]:
+    declared = list(subject.component.extra.get("reductions", ()) if subject.component else ())
+    return declared + [dict(r) for r in subject.case.reductions]
+
+
+@register(
+    "check_reductions",
+    "every reduction a component declares holds: the rule with the declared params and constant "
+    "gates computes what the 'equals' rule computes (outputs and the state entries both have), "
+    "through core:sequential.",
+    RULE_BEARING,
+    applies=lambda s: s.component is not None and bool(_reductions(s)),
+)
+def check_reductions(subject) -> None:
+    subject.require_buildable()
+    dtype = _dtype()
+    for red in _reductions(subject):
+        unknown = sorted(set(red) - REDUCTION_KEYS)
+        if unknown or "name" not in red or "equals" not in red:
+            raise Failure(f"reduction {red!r} is malformed: it needs 'name' and 'equals' and may have "
+                          f"{sorted(REDUCTION_KEYS - {'name', 'equals'})}" + (f"; unknown keys {unknown}" if unknown else ""))
+        name = red["name"]
+        spec_a = subject.rule_spec(params=red.get("params"))
+        equals = red["equals"]
+        if isinstance(equals, str):
+            spec_b = {"use": equals}
+        elif "use" in equals and not isinstance(spec_a, dict):
+            spec_b = dict(equals)
+        else:
+            spec_b = {**spec_a, **equals} if isinstance(spec_a, dict) else dict(equals)
+        try:
+            rule_a = subject.build_rule(dtype=dtype, spec=spec_a)
+            rule_b = subject.build_rule(dtype=dtype, spec=spec_b)
+        except Exception as exc:  # noqa: BLE001
+            raise Failure(f"reduction {name!r}: a side does not build: {type(exc).__name__}: {exc}")
+        flat_a = subject.inputs(rule_a)
+        for gate, value in (red.get("gates") or {}).items():
+            key = f"gates.{gate}"
+            if key not in flat_a:
+                raise Failure(f"reduction {name!r} sets gate {gate!r}, which the rule does not use")
+            flat_a[key] = torch.full_like(flat_a[key], float(value))
+        flat_b = subject.inputs(rule_b)
+        flat_b = {k: flat_a.get(k, x) for k, x in flat_b.items()}
+        out_a = subject.run(rule_a, flat_a)
+        out_b = subject.run(rule_b, flat_b)
+        common = ["y"] + sorted(k for k in out_a if k != "y" and k in out_b)
+        tol = float(red.get("atol", CONFIG.tolerance("exact")))
+        I.compare(out_a, out_b, tol, f"reduction {name!r} does not hold ({spec_a} vs {spec_b})", keys=common,
+                  **_nums(subject, SEQUENTIAL))
+
+
+@register(
+    "check_backend_matches_reference",
+    "a kernel backend that is available and accepts the call computes what its strategy's PyTorch "
+    "code computes (backend = 'torch'): outputs, final state and gradients.",
+    {"backend"},
+)
+def check_backend_matches_reference(subject) -> None:
+    subject.require_buildable()
+    comp = subject.component
+    strategy = comp.extra.get("strategy")
+    if not strategy:
+        raise Failure(f"backend {comp.name} does not name the strategy it serves (extra strategy=...)")
+    be = subject.registry.build("backend", comp.name)
+    ok, why = be.is_available()
+    if not ok:
+        raise Skip(f"backend {comp.name} is not available here: {why}")
+    scomp = subject.registry.get("strategy", strategy)
+    fields = set(getattr(scomp.load_params(), "model_fields", {}) or {})
+    base = {"use": scomp.name, **({"chunk_size": 3} if "chunk_size" in fields else {})}
+    kernel = Variant(f"{scomp.name}[{comp.name}]", {**base, "backend": comp.name}, "sequential")
+    torch_ref = Variant(f"{scomp.name}[torch]", {**base, "backend": "torch"}, "sequential")
+    rule = subject.build_rule(dtype=_dtype())
+    flat = subject.inputs(rule)
+    from atlas_core.errors import StrategyError
+
+    try:
+        got = subject.run(rule, flat, kernel)
+    except StrategyError as exc:
+        raise Skip(f"backend {comp.name} refused the test call: {exc}")
+    want = subject.run(rule, flat, torch_ref)
+    I.compare(got, want, CONFIG.tolerance("chunked"), f"backend {comp.name} differs from the PyTorch code",
+              strategy=kernel.label, dtype=CONFIG.dtype, sizes=subject.sizes_text())
+    warm = subject.warm_state(rule)
+    _, g1 = _loss_and_grads(subject, rule, flat, kernel, warm)
+    _, g2 = _loss_and_grads(subject, rule, flat, torch_ref, warm)
+    keys = [k for k in g2 if g2[k] is not None and g1[k] is not None]
+    I.compare({k: g1[k] for k in keys}, {k: g2[k] for k in keys}, CONFIG.tolerance("grad"),
+              f"gradients through backend {comp.name} differ from the PyTorch code",
+              strategy=kernel.label, dtype=CONFIG.dtype, sizes=subject.sizes_text())

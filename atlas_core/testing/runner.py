@@ -1,0 +1,201 @@
+"""The plain runner: select the checks a component's kind and capabilities call for, run them,
+collect `CheckResult`s. `atlas check` and `check_component` use it; pytest runs the same checks
+one test each through `parametrize_with_checks`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+import warnings
+from typing import Any, Iterable, Mapping
+
+from .cases import Case, declared_cases
+from .results import CATALOGUE, Check, CheckFailed, CheckResult, Failure, Skip
+
+
+def catalogue() -> dict[str, Check]:
+    """Every check, in catalogue order (importing the check modules registers them)."""
+    from . import checks_basic, checks_equivalence, checks_numeric  # noqa: F401
+
+    order = [
+        "check_resolves_by_name", "check_params_forbid_extra_keys", "check_params_roundtrip_toml",
+        "check_entry_module_light", "check_capabilities_hold", "check_shapes_and_dtypes",
+        "check_causal", "check_strategies_match_sequential", "check_state_carry",
+        "check_gradients_finite", "check_gradients_match_reference", "check_gradcheck_float64",
+        "check_deterministic_seed", "check_bf16_close_to_fp32", "check_long_sequence_stable",
+        "check_reductions", "check_backend_matches_reference",
+    ]
+    rest = [n for n in CATALOGUE if n not in order]
+    return {n: CATALOGUE[n] for n in order + rest if n in CATALOGUE}
+
+
+def resolve(case: Case | str, host: Any = None):
+    from .subject import Subject
+
+    if isinstance(case, str):
+        case = Case(case)
+    return Subject(case, host=host)
+
+
+def select_checks(subject, names: Iterable[str] | None = None) -> list[Check]:
+    """The checks that apply to a subject. An unresolved subject gets the two checks that report
+    why (resolution, and the entry module's import when its plugin is known)."""
+    cat = catalogue()
+    if subject.component is None:
+        picked = [cat["check_resolves_by_name"]]
+        if subject.host.records.get(subject.case.namespace) is not None:
+            picked.append(cat["check_entry_module_light"])
+    else:
+        picked = [c for c in cat.values() if c.selected_for(subject)]
+    if names is not None:
+        wanted = set(names)
+        picked = [c for c in picked if c.name in wanted]
+    return picked
+
+
+@contextmanager
+def _one_thread():
+    """Checks use tiny tensors: one intra-op thread is faster (thread start-up and contention
+    dominate at these sizes) and makes timings steady. The caller's setting is restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_one(check: Check, subject, expected: Mapping[str, str] | None = None) -> CheckResult:
+    """Run one check; failures and skips become results (a crash inside a check is a failure)."""
+    t0 = time.perf_counter()
+    reason = (expected or {}).get(check.name)
+    try:
+        with _one_thread():
+            check.fn(subject)
+    except Skip as exc:
+        return CheckResult(check.name, subject.id, "skipped", reason=exc.reason, seconds=time.perf_counter() - t0)
+    except Failure as exc:
+        msg = check.message(exc, subject)
+        status = "xfail" if reason else "failed"
+        return CheckResult(check.name, subject.id, status, msg, reason or "", time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - a component that crashes fails the check, with the error
+        import traceback
+
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+        msg = check.message(Failure(f"raised {type(exc).__name__}: {exc}{where}"), subject)
+        status = "xfail" if reason else "failed"
+        return CheckResult(check.name, subject.id, status, msg, reason or "", time.perf_counter() - t0)
+    status = "xpass" if reason else "passed"
+    return CheckResult(check.name, subject.id, status, reason=reason or "", seconds=time.perf_counter() - t0)
+
+
+def warn_unmatched(expected: Mapping[str, str], selected: Iterable[str]) -> list[str]:
+    """Warn about ``expected_failures`` keys that match no selected check; returns them."""
+    from atlas_core.errors import did_you_mean
+
+    selected = set(selected)
+    known = set(catalogue())
+    unmatched = []
+    for key in expected:
+        if key in selected:
+            continue
+        unmatched.append(key)
+        if key in known:
+            why = "no case selects it (it does not apply to these components)"
+        else:
+            why = did_you_mean(key, known) or "it is not a check name (see docs/plugins.md#the-check-catalogue)"
+        warnings.warn(f"expected_failures entry {key!r} matches no check: {why}", UserWarning, stacklevel=3)
+    return unmatched
+
+
+def check_component(
+    case: Case | str,
+    on_fail: str = "raise",
+    *,
+    expected_failures: Mapping[str, str] | None = None,
+    checks: Iterable[str] | None = None,
+    host: Any = None,
+) -> list[CheckResult]:
+    """Run every check that applies to ``case``.
+
+    ``on_fail="raise"`` raises `CheckFailed` at the first failure (with the full message);
+    ``"collect"`` returns every result. ``expected_failures`` maps check names to reasons: such a
+    failure is reported as ``xfail`` (and a pass as ``xpass``).
+    """
+    if on_fail not in ("raise", "collect"):
+        raise ValueError(f"on_fail={on_fail!r} must be 'raise' or 'collect'")
+    expected = dict(expected_failures or {})
+    subject = resolve(case, host)
+    selected = select_checks(subject, checks)
+    warn_unmatched(expected, [c.name for c in selected])
+    results = []
+    for check in selected:
+        res = run_one(check, subject, expected)
+        results.append(res)
+        if res.status == "failed" and on_fail == "raise":
+            raise CheckFailed(res.name, res.message)
+    return results
+
+
+# -- targets of `atlas check` ---------------------------------------------------------------------
+class TargetError(ValueError):
+    """An `atlas check` target that names no namespace or component (one line, with a hint)."""
+
+
+def cases_for_target(target: str, host: Any = None) -> list[Case]:
+    """``"ns"`` -> the declared cases of every component of the namespace; ``"ns:name"`` -> that
+    component's cases. A namespace whose plugin failed to load gives one case that reports it."""
+    from atlas_core.errors import did_you_mean
+    from atlas_core.host.manager import get_host
+
+    host = host or get_host()
+    reg = host.registry
+    if ":" in target:
+        found = reg.find(target)
+        if not found:
+            ns = target.split(":", 1)[0]
+            rec = host.records.get(ns)
+            if rec is not None and rec.status == "failed":
+                return [Case(target)]
+            if rec is None:
+                from atlas_core.host.registry import KNOWN_DISTRIBUTIONS
+
+                dist = KNOWN_DISTRIBUTIONS.get(ns)
+                hint = (f"namespace {ns!r} is not installed; it is provided by {dist}" if dist else
+                        did_you_mean(ns, sorted(host.records))
+                        or f"no installed plugin provides namespace {ns!r} (installed: {', '.join(sorted(host.records))})")
+            else:
+                pool = [c.name for c in reg.all()]
+                hint = did_you_mean(target, pool) or "see `atlas components list`"
+            raise TargetError(f"unknown component {target!r}; {hint}")
+        return [case for comp in found for case in declared_cases(comp)]
+    rec = host.records.get(target)
+    if rec is None:
+        namespaces = sorted(host.records)
+        hint = did_you_mean(target, namespaces) or f"installed namespaces: {', '.join(namespaces)}"
+        comps = [c for c in reg.all() if c.name.split(":", 1)[1] == target]
+        if len(comps) == 1:
+            return declared_cases(comps[0])
+        raise TargetError(f"unknown namespace {target!r}; {hint}")
+    if rec.status == "disabled":
+        raise TargetError(f"namespace {target!r} is disabled (ATLAS_DISABLE_PLUGINS)")
+    if rec.status == "failed":
+        return [Case(f"{target}:*", id=f"{target} (plugin)")]
+    comps = [c for c in reg.all() if c.namespace == target]
+    return [case for comp in comps for case in declared_cases(comp)]
+
+
+def run_cases(cases: Iterable[Case], *, checks: Iterable[str] | None = None, host: Any = None,
+              progress: Any = None) -> list[CheckResult]:
+    results = []
+    for case in cases:
+        subject = resolve(case, host)
+        for check in select_checks(subject, checks):
+            if progress is not None:
+                progress(subject.id, check.name)
+            results.append(run_one(check, subject))
+    return results

@@ -1,0 +1,125 @@
+"""``atlas check NAMESPACE|COMPONENT``: run the conformance kit without writing a test.
+
+    atlas check titans                 # every component of the titans plugin
+    atlas check miras:lp               # one component (its declared cases, or default params)
+    atlas check core --check check_causal --format json
+    atlas check --list                 # the check catalogue
+
+Prints a table of passed / failed / xfail / skipped checks with the reason of each, and exits 1
+when any check failed. An unknown namespace or component is one line with a suggestion (exit 1);
+a plugin that failed to import fails its checks with that error (plugins are loaded strictly).
+The same checks run under pytest through `atlas_core.testing.parametrize_with_checks`.
+
+Mounting (the root app): ``app.command("check", epilog=EPILOG)(check)``, or `register(app)`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .common import Failed, FormatOption, emit, examples, log, out_console
+
+EPILOG = examples("atlas check titans", "atlas check miras:lp --format json", "atlas check --list")
+STYLE = {"passed": "green", "failed": "red", "xfail": "yellow", "xpass": "yellow", "skipped": "cyan"}
+
+
+def _catalogue_rows() -> list[dict[str, str]]:
+    from atlas_core.testing import catalogue
+
+    return [
+        {"check": c.name, "kinds": ", ".join(sorted(c.kinds)), "contract": c.clause, "docs": c.anchor}
+        for c in catalogue().values()
+    ]
+
+
+def _show_catalogue(fmt) -> None:
+    rows = _catalogue_rows()
+
+    def human(rows):
+        from rich.table import Table
+
+        table = Table(title="conformance checks (docs/plugins.md#the-check-catalogue)")
+        for col in ("check", "kinds", "contract"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            table.add_row(r["check"], r["kinds"], r["contract"])
+        out_console().print(table)
+
+    emit(rows, fmt, human)
+
+
+def _human(data: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"atlas check {data['target']}")
+    for col in ("component", "check", "status", "reason"):
+        table.add_column(col, overflow="fold")
+    for r in data["results"]:
+        detail = r["message"] if r["status"] in ("failed", "xfail") else r["reason"]
+        style = STYLE.get(r["status"], "")
+        table.add_row(escape(r["case"]), r["check"], f"[{style}]{r['status']}[/]", escape(detail or ""))
+    con = out_console()
+    con.print(table)
+    c = data["counts"]
+    parts = [f"{c[s]} {s}" for s in ("passed", "failed", "xfail", "xpass", "skipped") if c.get(s)]
+    verdict = "[green]ok[/]" if data["ok"] else "[red]FAILED[/]"
+    con.print(f"{verdict}: " + ", ".join(parts) + f" ({data['seconds']:.1f} s)")
+
+
+def check(
+    target: Annotated[Optional[str], typer.Argument(
+        help="a plugin namespace (titans) or a component name (miras:lp)")] = None,
+    only: Annotated[Optional[list[str]], typer.Option(
+        "--check", help="run only this check (repeatable); see --list")] = None,
+    device: Annotated[Optional[str], typer.Option(help="device of the checks, e.g. cpu or cuda")] = None,
+    dtype: Annotated[Optional[str], typer.Option(
+        help="dtype of the equivalence checks: float64 (default) or float32")] = None,
+    list_checks: Annotated[bool, typer.Option("--list", help="list the check catalogue and exit")] = False,
+    fmt: FormatOption = None,
+) -> None:
+    """Run the conformance checks on a plugin namespace or one component."""
+    import time
+
+    if list_checks:
+        _show_catalogue(fmt)
+        return
+    if not target:
+        raise typer.BadParameter("give a namespace or a component name, e.g. `atlas check titans`",
+                                 param_hint="TARGET")
+    from atlas_core.errors import did_you_mean
+    from atlas_core.testing import cases_for_target, catalogue, configure, run_cases
+
+    configure(device=device, dtype=dtype)
+    if only:
+        known = catalogue()
+        for name in only:
+            if name not in known:
+                hint = did_you_mean(name, known) or "see `atlas check --list`"
+                raise ValueError(f"unknown check {name!r}; {hint}")
+    t0 = time.perf_counter()
+    cases = cases_for_target(target)
+    results = run_cases(cases, checks=only, progress=lambda case, name: None)
+    seconds = time.perf_counter() - t0
+    counts = {s: 0 for s in ("passed", "failed", "xfail", "xpass", "skipped")}
+    for r in results:
+        counts[r.status] += 1
+    data = {
+        "target": target,
+        "ok": counts["failed"] == 0,
+        "counts": counts,
+        "seconds": round(seconds, 2),
+        "results": [r.as_dict() for r in results],
+    }
+    emit(data, fmt, _human)
+    if not data["ok"]:
+        log(f"{counts['failed']} check(s) failed; each message names the contract and its section "
+            "in docs/plugins.md")
+        raise Failed()
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``atlas check`` on the root app."""
+    app.command("check", epilog=EPILOG)(check)
