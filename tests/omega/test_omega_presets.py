@@ -14,13 +14,16 @@ STRUCTURES = ["core:linear", {"use": "titans:mlp", "depth": 2, "expansion": 2}]
 def test_presets_resolve_to_their_knobs():
     net = ac.build_rule("omega:omeganet")
     assert net.spec["bias"]["use"] == "omega:window" and net.window == 8
-    assert net.bias.gamma_gate and net.spec["algorithm"] == "core:gd"
+    assert net.bias.mode == "uniform" and net.spec["algorithm"] == "core:gd"
     assert net.spec["retention"] == "core:decay" and net.spec["feature_map"]["use"] == "omega:poly"
-    assert net.gate_names == ("alpha", "gamma", "theta")
+    assert net.gate_names == ("alpha", "theta")
     tit = ac.build_rule("omega:omega_titans")
     assert tit.window == 8 and tit.spec["algorithm"] == "core:momentum"
     assert tit.spec["feature_map"] == "core:identity"
-    assert tit.gate_names == ("alpha", "eta", "gamma", "theta")
+    assert tit.gate_names == ("alpha", "eta", "theta")
+    gated = ac.build_rule({"use": "omega:omeganet",
+                           "bias": {"use": "omega:window", "window": 8, "gamma": "gate"}})
+    assert gated.gate_names == ("alpha", "gamma", "theta")
 
 
 @pytest.mark.parametrize("preset", ["omega:omeganet", "omega:omega_titans"])
