@@ -112,20 +112,21 @@ class AtlasParallel(Chunkwise):
             return chunk(rule, W, opt, xe, U, Wm, L, A, gates, psi)
         # flatten the dicts into one tensor list (fixed key order) and rebuild them inside
         wk, ok, gk = list(W), list(opt), list(gates)
+        nw, no, ng = len(wk), len(ok), len(gk)
         flat = [W[k] for k in wk] + [opt[k] for k in ok] + [gates[k] for k in gk]
         flat += [xe, U, Wm, L, A, psi]
 
         def run(*t):
-            i, j = len(wk), len(wk) + len(ok)
-            Wd, od = dict(zip(wk, t[:i])), dict(zip(ok, t[i:j]))
-            gd = dict(zip(gk, t[j : j + len(gk)]))
-            y, W1, o1 = chunk(rule, Wd, od, *t[j + len(gk) : j + len(gk) + 5], gd, t[-1])
+            Wd = dict(zip(wk, t[:nw]))
+            od = dict(zip(ok, t[nw : nw + no]))
+            gd = dict(zip(gk, t[nw + no : nw + no + ng]))
+            xe_, U_, Wm_, L_, A_, psi_ = t[nw + no + ng :]
+            y, W1, o1 = chunk(rule, Wd, od, xe_, U_, Wm_, L_, A_, gd, psi_)
             return (y, *[W1[k] for k in wk], *[o1[k] for k in ok])
 
         params = [p for p in rule.parameters() if p.requires_grad]
         out = recompute(run, flat, params)
-        y, rest = out[0], out[1:]
-        return y, dict(zip(wk, rest[: len(wk)])), dict(zip(ok, rest[len(wk) :]))
+        return out[0], dict(zip(wk, out[1 : 1 + nw])), dict(zip(ok, out[1 + nw :]))
 
 
 def build(params: AtlasParallelParams | None, ctx) -> AtlasParallel:
