@@ -121,3 +121,27 @@ def test_deep_memory_window_generic_chunk_path(C):
     ref = (rule(q, k, v, gates=g, strategy="core:sequential") if C == 1
            else anchored(rule, q, k, v, g, every=C))
     assert_same(rule(q, k, v, gates=g, strategy=chunk(C)), ref)
+
+
+def test_gradients_reach_the_carried_window_state():
+    """The carried (phi(k), v, gamma) are inputs too: their gradients under chunkwise equal the
+    anchored reference's, and are nonzero (the first tokens' windows read them)."""
+    c, C = 5, 4
+    rule = window_rule(c, "gate", "core:gd")
+    q, k, v, gates = make_inputs(T=9, seed=8)
+    g = gates_for(rule, gates)
+    _, carried = rule(q[:, :3], k[:, :3], v[:, :3], gates={n: x[:, :3] for n, x in g.items()})
+    rest = {n: x[:, 3:] for n, x in g.items()}
+
+    def grads(fn):
+        st = {n: x.detach().clone().requires_grad_(True) for n, x in carried.items()}
+        y, s = fn(st)
+        loss = y.pow(2).sum() + s["M"].sum()
+        return torch.autograd.grad(loss, [st[n] for n in sorted(st)])
+
+    got = grads(lambda st: rule(q[:, 3:], k[:, 3:], v[:, 3:], gates=rest, state=st,
+                                strategy=chunk(C)))
+    want = grads(lambda st: anchored(rule, q[:, 3:], k[:, 3:], v[:, 3:], rest, state=st, every=C))
+    for name, a, b in zip(sorted(carried), got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0, msg=f"grad state[{name!r}]")
+        assert a.abs().max() > 0, name
