@@ -19,11 +19,10 @@ def decay_matrix(a: torch.Tensor) -> torch.Tensor:
     C = a.shape[-1]
     log_a = torch.log(a)
     x = log_a.unsqueeze(-1).expand(*a.shape, C)  # x[..., t, j] = log a_t
-    strict = torch.ones(C, C, dtype=torch.bool, device=a.device).tril(-1)  # j < t
-    x = x.masked_fill(~strict, 0.0)
+    i = torch.arange(C, device=a.device)
+    x = x.masked_fill(i[:, None] <= i[None, :], 0.0)  # keep j < t
     seg = x.cumsum(dim=-2)  # seg[t, j] = sum_{j<m<=t} log a_m
-    lower = torch.ones(C, C, dtype=torch.bool, device=a.device).tril()
-    return torch.exp(seg.masked_fill(~lower, float("-inf")))
+    return torch.exp(seg.masked_fill(i[:, None] < i[None, :], float("-inf")))  # 0 above
 
 
 def cumulative(a: torch.Tensor) -> torch.Tensor:
