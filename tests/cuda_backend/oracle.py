@@ -1,0 +1,83 @@
+"""Shared builders for the kernel tests: a rule, float64 leaf inputs with a carried initial state,
+and one forward + backward through a chosen backend.
+
+The reference is ``core:chunkwise``'s PyTorch code (``backend = "torch"``) in float64; the kernel
+runs in float32 (or half). Both see the same leaves; gradients are taken of one fixed random
+linear functional of the output and of the final state, w.r.t. every input: q, k, v, each gate
+and each entry of the initial state (memory, momentum and the carried Omega window).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import atlas_core as ac
+
+B, H, D = 1, 2, 16
+
+
+def rel_rms(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    scale = want.pow(2).mean().sqrt().item()
+    err = (got - want).pow(2).mean().sqrt().item()
+    return err / scale if scale > 0 else err
+
+
+def bias_spec(bias: str, window: int, gamma: str = "gate"):
+    if window == 1 and gamma == "gate":
+        return f"core:{bias}"
+    return {"use": "omega:window", "window": window, "inner": f"core:{bias}", "gamma": gamma}
+
+
+def make_rule(bias="l2", algorithm="gd", read="after", window=1, gamma="gate",
+              retention="core:decay", d=D):
+    spec = {"bias": bias_spec(bias, window, gamma), "retention": retention,
+            "algorithm": f"core:{algorithm}", "read": read}
+    return ac.build_rule(spec, heads=H, d_key=d, d_value=d)
+
+
+def make_leaves(rule, T: int, seed: int = 0, d: int = D) -> dict[str, torch.Tensor]:
+    """float64 leaves: inputs, gates and a non-zero carried state (every key of the rule's state)."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = dict(dtype=torch.float64)
+
+    def unit(*shape):  # l2-normalised q/k, as the memory layer's qk_norm gives them
+        return torch.nn.functional.normalize(torch.randn(*shape, generator=g, **f64), dim=-1)
+
+    leaves = {"q": unit(B, T, H, d), "k": unit(B, T, H, d), "v": torch.randn(B, T, H, d, generator=g, **f64)}
+    for name in rule.gate_names:
+        lo, hi = {"theta": (0.1, 0.9), "gamma": (0.3, 0.9)}.get(name, (0.5, 0.98))
+        leaves[name] = lo + (hi - lo) * torch.rand(B, T, H, generator=g, **f64)
+    for key, x in rule.init_state(B, dtype=torch.float64).items():
+        if key == "window.gamma":
+            leaves["state." + key] = 0.3 + 0.6 * torch.rand(x.shape, generator=g, **f64)
+        elif key == "window.k":
+            leaves["state." + key] = unit(*x.shape)
+        else:
+            leaves["state." + key] = 0.3 * torch.randn(x.shape, generator=g, **f64)
+    return {k: v.requires_grad_(True) for k, v in leaves.items()}
+
+
+def run(rule, leaves, *, chunk_size: int, backend: str, dtype=torch.float64, seed: int = 1):
+    """y, final state and the gradients (float64) of a fixed functional, through ``backend``."""
+    cast = {k: v.to(dtype) for k, v in leaves.items()}
+    gates = {n: cast[n] for n in rule.gate_names}
+    state = {k[len("state."):]: v for k, v in cast.items() if k.startswith("state.")}
+    strategy = {"use": "core:chunkwise", "chunk_size": chunk_size, "backend": backend}
+    y, final = rule(cast["q"], cast["k"], cast["v"], gates=gates, state=state, strategy=strategy)
+    g = torch.Generator().manual_seed(seed)
+    loss = (y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64)).sum()
+    for key in sorted(final):
+        w = torch.randn(final[key].shape, generator=g, dtype=torch.float64)
+        loss = loss + (final[key].double() * w).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=False)
+    return y.detach().double(), {k: v.detach().double() for k, v in final.items()}, dict(zip(leaves, grads))
+
+
+def compare(got, want) -> dict[str, float]:
+    """Relative RMS errors of y, every final-state entry and every gradient."""
+    (yg, sg, gg), (yw, sw, gw) = got, want
+    errs = {"y": rel_rms(yg, yw)}
+    errs.update({f"state[{k}]": rel_rms(sg[k], sw[k]) for k in sw})
+    errs.update({f"grad[{k}]": rel_rms(gg[k], gw[k]) for k in gw})
+    return errs

@@ -1,0 +1,207 @@
+"""The ``cuda:chunk_linear`` backend's contract: availability, the per-call verifier's refusals,
+forcing (an error naming the backend and the reason), disabling, and the PyTorch fallback of
+whole models on a machine without CUDA and without the interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton  # noqa: F401 - without Triton this module must fail, not skip
+
+import atlas_core as ac
+from atlas_core.backends import explain, select_backend
+from atlas_core.errors import StrategyError
+from atlas_core.knobs.bias import Bias
+from atlas_core.knobs.retention import Retention
+from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
+from atlas_plugins.cuda_backend import availability
+from atlas_plugins.cuda_backend.backend_chunk import ChunkLinearBackend, bias_kind
+
+from .oracle import H, make_rule, rel_rms
+
+pytestmark = pytest.mark.triton
+NAME = "cuda:chunk_linear"
+
+
+def _inputs(rule, T=6, d=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, T, H, d, generator=g, dtype=dtype) for _ in range(3))
+    gates = {n: 0.5 + 0.4 * torch.rand(1, T, H, generator=g, dtype=dtype) for n in rule.gate_names}
+    return q, k, v, gates
+
+
+def _chunkwise(C=4, backend=None):
+    return {"use": "core:chunkwise", "chunk_size": C, **({"backend": backend} if backend else {})}
+
+
+@pytest.fixture
+def no_device(monkeypatch):
+    """A machine without CUDA and without the interpreter."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_triton_is_importable():
+    import triton as t
+
+    assert t.__version__
+
+
+def test_entry_module_imports_neither_torch_nor_triton():
+    code = ("import sys, atlas_plugins.cuda_backend.plugin; "
+            "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_registered_for_chunkwise_and_available_under_the_interpreter():
+    rows = {r["backend"]: r for r in explain("core:chunkwise")}
+    assert rows[NAME]["status"] == "available", rows
+    assert ChunkLinearBackend().is_available() == (True, "")
+
+
+def test_unavailable_without_cuda_and_without_interpreter(no_device):
+    ok, why = ChunkLinearBackend().is_available()
+    assert not ok and "no CUDA device" in why
+    row = {r["backend"]: r for r in explain("core:chunkwise")}[NAME]
+    assert row["status"] == "unavailable" and "no CUDA device" in row["reason"]
+
+
+def test_unavailable_without_triton(monkeypatch):
+    real = availability.importlib.util.find_spec
+    monkeypatch.setattr(availability.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    ok, why = ChunkLinearBackend().is_available()
+    assert not ok and "triton is not installed" in why
+
+
+def test_auto_selects_the_kernel_for_float32_and_falls_back_for_float64():
+    rule = make_rule("l2", "momentum", "after", 1, d=8)
+    strat = Chunkwise(ChunkwiseParams(chunk_size=4))
+    p32 = rule.prepare(*_inputs(rule))
+    assert isinstance(select_backend(strat, rule, p32), ChunkLinearBackend)
+    p64 = rule.prepare(*_inputs(rule, dtype=torch.float64))
+    assert select_backend(strat, rule, p64) is None  # refused: the PyTorch code runs
+
+
+def test_disabled_by_environment(monkeypatch):
+    rule = make_rule("l2", "gd", "after", 1, d=8)
+    p = rule.prepare(*_inputs(rule))
+    monkeypatch.setenv("ATLAS_DISABLE_BACKENDS", NAME)
+    assert select_backend(Chunkwise(ChunkwiseParams(chunk_size=4)), rule, p) is None
+
+
+def _refusal(rule, dtype=torch.float32, C=4, d=8):
+    p = rule.prepare(*_inputs(rule, d=d, dtype=dtype))
+    ok, why = ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=C)), rule, p)
+    assert not ok and why
+    return why
+
+
+class Huber(Bias):
+    def error(self, pred, v):
+        return (pred - v).clamp(-1.0, 1.0)
+
+
+class Softmaxish(Retention):
+    linear = False
+    gate_names = ("alpha",)
+
+    def alpha(self, gates, like):
+        return gates["alpha"]
+
+    def post(self, W):
+        return {k: w / (1 + w.abs().amax()) for k, w in W.items()}
+
+
+def test_verifier_refusals_give_reasons():
+    base = make_rule("l2", "gd", "after", 1, d=8)
+    assert "float64" in _refusal(base, dtype=torch.float64)
+    assert "chunk_size=128 exceeds 64" in _refusal(base, C=128)
+    assert "head dims" in _refusal(make_rule("l2", "gd", "after", 1, d=256), d=256)
+    wide = make_rule("l2", "gd", "after", 80, d=8)
+    assert "chunk_size + window - 1 = 143 exceeds 128" in _refusal(wide, C=64)
+    deep = ac.build_rule({"structure": "titans:mlp", "algorithm": "core:gd"}, heads=H, d_key=8, d_value=8)
+    assert "not the linear matrix memory" in _refusal(deep)
+    muon = ac.build_rule({"algorithm": "atlas_muon:muon"}, heads=H, d_key=8, d_value=8)
+    assert "not gd or momentum" in _refusal(muon)
+    huber = ac.ComposedRule(base.structure, Huber(), base.retention, base.algorithm, base.feature_map)
+    assert "l2 and dot" in _refusal(huber)
+    soft = ac.ComposedRule(base.structure, base.bias, Softmaxish(), base.algorithm, base.feature_map)
+    assert "not a linear" in _refusal(soft)
+
+
+def test_verifier_accepts_the_largest_sizes():
+    rule = make_rule("dot", "momentum", "before", 16, d=128)
+    p = rule.prepare(*_inputs(rule, d=128))
+    assert ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=64)), rule, p) == (True, "")
+
+
+def test_verifier_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+    rule = make_rule("l2", "gd", "after", 1, d=8)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "CUDA tensors" in _refusal(rule)
+
+
+def test_bias_kind_probe():
+    assert bias_kind(make_rule("l2").bias) == "l2"
+    assert bias_kind(make_rule("dot").bias) == "dot"
+    assert bias_kind(make_rule("l2", window=4).bias) == "l2"  # omega:window around l2
+    assert bias_kind(Huber()) is None
+
+
+def test_forced_backend_that_refuses_names_backend_and_reason(monkeypatch):
+    rule = make_rule("l2", "gd", "after", 1, d=8)
+    q, k, v, gates = _inputs(rule, dtype=torch.float64)
+    with pytest.raises(StrategyError, match=rf"{NAME}.*refused this call.*float64"):
+        rule(q, k, v, gates=gates, strategy=_chunkwise(backend=NAME))
+    monkeypatch.setenv("ATLAS_BACKEND", NAME)
+    with pytest.raises(StrategyError, match=rf"{NAME}.*chunk_size=128 exceeds 64"):
+        rule(*_inputs(rule), strategy=_chunkwise(C=128))
+
+
+def test_forced_backend_without_cuda_says_unavailable(no_device):
+    rule = make_rule("l2", "gd", "after", 1, d=8)
+    with pytest.raises(StrategyError, match=rf"{NAME}.*unavailable: no CUDA device"):
+        rule(*_inputs(rule), strategy=_chunkwise(backend=NAME))
+
+
+SPEC = {
+    "schema": "atlas/1", "name": "tiny-titans",
+    "model": {"arch": "titans:lmm", "vocab_size": 32, "d_model": 32, "depth": 1, "heads": 2},
+    "memory": {"use": "titans:titans", "parallel": {"use": "core:chunkwise", "chunk_size": 8}},
+}
+
+
+def _model_run(seed=0):
+    torch.manual_seed(seed)
+    model = ac.build_model(SPEC)
+    ids = torch.randint(0, 32, (1, 13), generator=torch.Generator().manual_seed(1))
+    logits = model(ids)
+    logits.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads
+
+
+def test_model_uses_the_kernel_and_matches_pytorch(monkeypatch):
+    calls = []
+    real_run = ChunkLinearBackend.run
+    monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1) or real_run(self, *a))
+    got, g_got = _model_run()
+    assert calls, "the kernel backend was not used"
+    monkeypatch.setenv("ATLAS_BACKEND", "torch")
+    want, g_want = _model_run()
+    assert rel_rms(got, want) <= 1e-5
+    assert set(g_got) == set(g_want)
+    for name in g_want:
+        assert rel_rms(g_got[name], g_want[name]) <= 1e-4, name
+
+
+def test_model_runs_on_pytorch_without_cuda(no_device, monkeypatch):
+    calls = []
+    monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1))
+    logits, grads = _model_run()
+    assert not calls and torch.isfinite(logits).all() and grads

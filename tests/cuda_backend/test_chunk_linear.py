@@ -1,0 +1,160 @@
+"""``cuda:chunk_linear`` (Triton, forward and backward) against ``core:chunkwise``'s PyTorch code.
+
+Every case carries a random initial state (memory, momentum, Omega window buffer), uses a T that
+is not a multiple of the chunk size, and checks the output, every final-state entry and the
+gradients w.r.t. q, k, v, every gate and every initial-state entry: relative RMS error <= 1e-5
+(kernel in float32, reference in float64). Runs in Triton's CPU interpreter (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton  # noqa: F401 - without Triton this module must fail, not skip
+
+import atlas_core as ac
+from atlas_core.knobs.bias import Bias
+
+from .oracle import B, D, H, compare, make_leaves, make_rule, rel_rms, run
+
+pytestmark = pytest.mark.triton
+TOL = 1e-5
+
+# (bias, algorithm, read, window, chunk size, T, gamma mode, retention)
+CASES = [
+    ("l2", "gd", "after", 1, 4, 21, "gate", "core:decay"),
+    ("l2", "gd", "before", 1, 16, 37, "gate", "core:decay"),
+    ("l2", "momentum", "after", 1, 8, 21, "gate", "core:decay"),
+    ("l2", "momentum", "before", 4, 8, 21, "gate", "core:decay"),
+    ("dot", "gd", "after", 4, 4, 21, "gate", "core:decay"),
+    ("dot", "momentum", "before", 1, 16, 21, "gate", "core:none"),
+    ("l2", "gd", "after", 16, 16, 37, "gate", "core:decay"),
+    ("l2", "momentum", "after", 16, 8, 37, "decay", "core:decay"),  # window longer than a chunk
+    ("dot", "momentum", "after", 16, 16, 37, "uniform", "core:decay"),
+    ("l2", "gd", "before", 4, 1, 9, "gate", "core:decay"),  # chunk size 1: the sequential rule
+    ("l2", "momentum", "after", 4, 32, 40, "gate", "core:none"),
+]
+
+
+def _id(case):
+    bias, alg, read, c, C, T, gamma, ret = case
+    return f"{bias}-{alg}-{read}-c{c}-{gamma}-C{C}-T{T}-{ret.split(':')[1]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_matches_pytorch_chunkwise(case):
+    bias, alg, read, c, C, T, gamma, ret = case
+    rule = make_rule(bias, alg, read, c, gamma, ret)
+    leaves = make_leaves(rule, T)
+    want = run(rule, leaves, chunk_size=C, backend="torch")
+    got = run(rule, leaves, chunk_size=C, backend="cuda:chunk_linear", dtype=torch.float32)
+    errs = compare(got, want)
+    bad = {k: f"{v:.2e}" for k, v in errs.items() if not v <= TOL}
+    assert not bad, f"relative RMS error above {TOL}: {bad}"
+    # the gradients are not trivially zero (a kernel that dropped a term would not pass this)
+    assert all(g.abs().max() > 0 for g in got[2].values())
+
+
+def test_chunk_size_one_equals_the_sequential_rule():
+    rule = make_rule("l2", "momentum", "after", 4)
+    leaves = make_leaves(rule, 7, seed=3)
+    cast = {k: v.detach() for k, v in leaves.items()}
+    gates = {n: cast[n] for n in rule.gate_names}
+    state = {k[6:]: v for k, v in cast.items() if k.startswith("state.")}
+    y_seq, s_seq = rule(cast["q"], cast["k"], cast["v"], gates=gates, state=state, strategy="core:sequential")
+    f = {k: v.float() for k, v in cast.items()}
+    y, s = rule(f["q"], f["k"], f["v"], gates={n: f[n] for n in rule.gate_names},
+                state={k[6:]: v for k, v in f.items() if k.startswith("state.")},
+                strategy={"use": "core:chunkwise", "chunk_size": 1, "backend": "cuda:chunk_linear"})
+    assert rel_rms(y, y_seq) <= TOL
+    assert rel_rms(s["M"], s_seq["M"]) <= TOL and rel_rms(s["Z.M"], s_seq["Z.M"]) <= TOL
+
+
+def test_state_carry_two_calls_equal_one():
+    """Split on a chunk boundary, two kernel calls with the carried state equal one call."""
+    rule = make_rule("l2", "momentum", "after", 4)
+    leaves = {k: v.detach().float() for k, v in make_leaves(rule, 24, seed=5).items()}
+    strat = {"use": "core:chunkwise", "chunk_size": 8, "backend": "cuda:chunk_linear"}
+    gates = {n: leaves[n] for n in rule.gate_names}
+    state = {k[6:]: v for k, v in leaves.items() if k.startswith("state.")}
+    y, s = rule(leaves["q"], leaves["k"], leaves["v"], gates=gates, state=state, strategy=strat)
+    cut = 16
+
+    def part(sl, st):
+        return rule(leaves["q"][:, sl], leaves["k"][:, sl], leaves["v"][:, sl],
+                    gates={n: g[:, sl] for n, g in gates.items()}, state=st, strategy=strat)
+
+    y1, s1 = part(slice(0, cut), state)
+    y2, s2 = part(slice(cut, None), s1)
+    assert rel_rms(torch.cat([y1, y2], dim=1), y) <= TOL
+    for key in s:
+        assert rel_rms(s2[key], s[key]) <= TOL, key
+
+
+class LearnedLagWindow(Bias):
+    """A window bias whose lag weights are a learned tensor (a foreign wrapper around l2)."""
+
+    gamma_gate = True
+
+    def __init__(self, lag: torch.Tensor) -> None:
+        self.window = lag.shape[0]
+        self.lag = lag
+
+    def error(self, pred, v):
+        return pred - v
+
+    def lag_weights(self, dtype, device):
+        return self.lag.to(dtype)
+
+
+def test_learned_lag_weights_get_gradients():
+    base = make_rule("l2", "gd", "after", 1)
+    lag = torch.tensor([1.0, 0.7, 0.5, 0.2], dtype=torch.float64, requires_grad=True)
+    rule = ac.ComposedRule(base.structure, LearnedLagWindow(lag), base.retention, base.algorithm,
+                           base.feature_map, read="after")
+    leaves = make_leaves(rule, 19, seed=7)
+    leaves["lag"] = lag
+    want = run(rule, leaves, chunk_size=8, backend="torch")
+    got = run(rule, leaves, chunk_size=8, backend="cuda:chunk_linear", dtype=torch.float32)
+    errs = compare(got, want)
+    assert errs["grad[lag]"] <= TOL and max(errs.values()) <= TOL, errs
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_inputs_accumulate_in_float32(dtype):
+    """Half inputs go through the op directly (the rule itself upcasts): y comes back in the input
+    dtype, the state in float32, and everything is close to the float64 reference computed from
+    the same rounded inputs (the only rounding left is y's final cast and the products' inputs)."""
+    from atlas_plugins.cuda_backend.chunk_linear import chunk_linear
+
+    g = torch.Generator().manual_seed(11)
+    T, C = 21, 8
+    psi, xk = (torch.nn.functional.normalize(torch.randn(B, H, T, D, generator=g), dim=-1) for _ in range(2))
+    xv = torch.randn(B, H, T, D, generator=g)
+    alpha = 0.5 + 0.45 * torch.rand(B, H, T, generator=g)
+    theta = 0.1 + 0.8 * torch.rand(B, H, T, generator=g)
+    eta = 0.5 + 0.45 * torch.rand(B, H, T, generator=g)
+    m0, z0 = 0.3 * torch.randn(B, H, D, D, generator=g), 0.3 * torch.randn(B, H, D, D, generator=g)
+    ones, lag = torch.ones(B, H, T), torch.ones(1)
+    half = [t.to(dtype).requires_grad_(True) for t in (psi, xk, xv)]
+    y, M, Z = chunk_linear(*half, ones, alpha, theta, eta, lag, m0, z0, chunk_size=C)
+    assert y.dtype == dtype and M.dtype == torch.float32 and Z.dtype == torch.float32
+    # reference: the same (rounded) inputs through the op in float32 = the PyTorch chunk form
+    ref = [t.detach().float().requires_grad_(True) for t in half]
+    rule = make_rule("l2", "momentum", "after", 1)
+    from atlas_core.rule import MemoryInputs
+    from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
+
+    p = MemoryInputs(psi=ref[0].double(), phik=ref[1].double(), v=ref[2].double(), alpha=alpha.double(),
+                     gamma=ones.double(), gates={"alpha": alpha.double(), "eta": eta.double(), "theta": theta.double()},
+                     state={"M": m0.double(), "Z.M": z0.double()})
+    y_ref, s_ref = Chunkwise(ChunkwiseParams(chunk_size=C)).run_torch(rule, p)
+    tol = {torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    assert rel_rms(y.float(), y_ref) <= tol
+    assert rel_rms(M, s_ref["M"]) <= 1e-5 and rel_rms(Z, s_ref["Z.M"]) <= 1e-5
+    w = torch.randn(y.shape, generator=g)
+    (y.float() * w).sum().backward()
+    (y_ref * w.double()).sum().backward()
+    for h, r in zip(half, ref):
+        assert h.grad.dtype == dtype
+        assert rel_rms(h.grad.float(), r.grad) <= tol
