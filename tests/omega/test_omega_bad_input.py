@@ -55,8 +55,8 @@ def test_unknown_inner_bias_has_a_suggestion():
 
 
 def test_inner_bias_from_a_missing_namespace_names_it():
-    issues, _ = issues_of(window(inner="miras:huber"))
-    assert "miras" in issues["memory.bias.inner"].hint
+    issues, _ = issues_of(window(inner="acme_absent:huber"))
+    assert "namespace 'acme_absent'" in issues["memory.bias.inner"].hint
 
 
 def test_inner_window_is_refused():
