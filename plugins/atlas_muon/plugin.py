@@ -31,20 +31,35 @@ ATLAS_KNOBS = {
 }
 
 
+# What `atlas check` runs for each component (the conformance kit's check_cases): Muon in the
+# default composition, and with the cubic iteration on deep memory behind a gated window; the
+# parallel strategy on the paper's preset (picked by the kit) and without recomputation.
+MUON_CASES = [
+    {"params": {}},
+    {"params": {"ns_steps": 3, "coefficients": [1.5, -0.5, 0.0]},
+     "rule": {"structure": "titans:mlp",
+              "bias": {"use": "omega:window", "window": 3, "gamma": "gate"}}},
+]
+PARALLEL_CASES = [
+    {"params": {}},
+    {"params": {"chunk_size": 3, "checkpoint": False}, "rule": "atlas_muon:atlas_linear"},
+]
+
+
 @hookimpl
 def atlas_register(registry):
     registry.add(
         "algorithm", "muon", f"{_M}.muon:build", params=f"{_M}.params:MuonParams",
         summary="Z_t = eta_t Z_{t-1} + g_t; M_t = alpha_t M_{t-1} - theta_t NS_k(Z_t) "
         "(Atlas Muon, Newton-Schulz per weight matrix)",
-        capabilities=("chunk", "needs_matrix_weights"),
+        capabilities=("chunk", "needs_matrix_weights"), check_cases=MUON_CASES,
     )
     registry.add(
         "strategy", "atlas_parallel", f"{_M}.parallel:build",
         params=f"{_M}.params:AtlasParallelParams",
         summary="Atlas parallel training of Muon rules: anchored gradients, momentum and "
         "retention scans, batched Newton-Schulz, per-chunk recomputation",
-        priority=20,
+        priority=20, check_cases=PARALLEL_CASES,
     )
     registry.add_preset(
         "atlas",
