@@ -1,0 +1,130 @@
+"""The miras knobs against hand-written loops of the MIRAS equations (float64)."""
+
+import pytest
+import torch
+
+import atlas_core as ac
+from atlas_core.errors import SpecError, StrategyError
+
+
+def _call(B=2, T=6, H=2, D=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g, dtype=torch.float64), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, D, generator=g, dtype=torch.float64)
+    alpha = 0.6 + 0.4 * torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    theta = 0.1 + 0.4 * torch.rand(B, T, H, generator=g, dtype=torch.float64)
+    return q, k, v, alpha, theta
+
+
+@pytest.mark.parametrize("p", [1.5, 3.0, 4.0])
+def test_lp_error_is_the_derivative_of_its_loss(p):
+    from atlas_miras.lp import LpBias
+
+    bias = LpBias(p=p, eps=1e-6)
+    pred = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(4, 5, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(bias.loss(pred, v).sum(), pred)
+    torch.testing.assert_close(bias.error(pred, v), grad, rtol=1e-12, atol=1e-12)
+    e = (pred - v).detach()  # far from 0 the smoothing is invisible: sign(e) |e|^(p-1)
+    far = e.abs() > 0.1
+    exact = torch.sign(e) * e.abs() ** (p - 1)
+    torch.testing.assert_close(bias.error(pred, v).detach()[far], exact[far], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["elementwise", "norm"])
+def test_huber_error_is_the_derivative_of_its_loss(mode):
+    from atlas_miras.huber import HuberBias
+
+    bias = HuberBias(delta=0.7, mode=mode)
+    pred = (2 * torch.randn(6, 4, dtype=torch.float64)).requires_grad_(True)
+    v = torch.randn(6, 4, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(bias.loss(pred, v).sum(), pred)
+    torch.testing.assert_close(bias.error(pred, v), grad, rtol=1e-12, atol=1e-12)
+    e = (pred - v).detach()
+    if mode == "elementwise":
+        assert torch.equal(bias.error(pred, v).detach(), e.clamp(-0.7, 0.7))
+    else:
+        norms = bias.error(pred, v).detach().norm(dim=-1)
+        assert torch.all(norms <= 0.7 + 1e-12)
+
+
+def test_moneta_matches_the_accumulator_loop_of_eq_24():
+    p, q_exp = 3.0, 2.5
+    rule = ac.build_rule({"use": "miras:moneta", "bias": {"use": "miras:lp", "p": p, "eps": 0.0},
+                          "retention": {"use": "miras:lq", "q": q_exp}})
+    q, k, v, alpha, theta = _call()
+    y, state = rule(q, k, v, gates={"alpha": alpha, "theta": theta}, strategy="core:sequential")
+    B, T, H, D = q.shape
+    A = torch.zeros(B, H, D, D, dtype=torch.float64)
+    M = torch.zeros_like(A)
+    ys = []
+    for t in range(T):
+        kt, vt, qt = k[:, t], v[:, t], q[:, t]  # [B, H, D]
+        e = torch.einsum("bhvp,bhp->bhv", M, kt) - vt
+        g = torch.einsum("bhv,bhp->bhvp", torch.sign(e) * e.abs() ** (p - 1), kt)
+        A = alpha[:, t, :, None, None] * A - theta[:, t, :, None, None] * g
+        norm = A.abs().pow(q_exp).sum(dim=(-1, -2), keepdim=True).pow(1 / q_exp)
+        M = A / norm ** (q_exp - 2)
+        ys.append(torch.einsum("bhvp,bhp->bhv", M, qt))
+    torch.testing.assert_close(y, torch.stack(ys, dim=1), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state["M"], M, rtol=1e-10, atol=1e-10)
+
+
+def test_memora_matches_the_softmax_loop_of_eq_27_and_stays_on_the_simplex():
+    c = 2.0
+    rule = ac.build_rule({"use": "miras:memora", "retention": {"use": "miras:kl", "scale": c}})
+    q, k, v, alpha, theta = _call(seed=3)
+    y, state = rule(q, k, v, gates={"alpha": alpha, "theta": theta}, strategy="core:sequential")
+    B, T, H, D = q.shape
+    M = torch.full((B, H, D, D), c / D, dtype=torch.float64)  # uniform = what the empty memory gives
+    ys = []
+    for t in range(T):
+        kt, vt = k[:, t], v[:, t]
+        e = torch.einsum("bhvp,bhp->bhv", M, kt) - vt if t > 0 else -vt  # M_0 = 0 reads 0
+        g = torch.einsum("bhv,bhp->bhvp", e, kt)
+        logits = alpha[:, t, :, None, None] * torch.log(M / c) - theta[:, t, :, None, None] * g
+        M = c * torch.softmax(logits, dim=-1)
+        ys.append(torch.einsum("bhvp,bhp->bhv", M, q[:, t]))
+    torch.testing.assert_close(y, torch.stack(ys, dim=1), rtol=1e-10, atol=1e-10)
+    assert torch.all(state["M"] >= 0)
+    torch.testing.assert_close(state["M"].sum(-1), torch.full((B, H, D), c, dtype=torch.float64))
+
+
+def test_lq_hooks_invert_each_other():
+    from atlas_miras.lq import LqRetention
+
+    W = {"M": torch.randn(2, 3, 4, 5, dtype=torch.float64)}
+    for qq in (1.5, 2.5, 4.0):
+        r = LqRetention(qq)
+        torch.testing.assert_close(r.pre(r.post(W))["M"], W["M"], rtol=1e-12, atol=1e-12)
+        zero = {"M": torch.zeros(1, 1, 2, 2, dtype=torch.float64)}
+        assert torch.equal(r.post(zero)["M"], zero["M"]) and torch.equal(r.pre(zero)["M"], zero["M"])
+
+
+def test_chunkwise_refuses_nonlinear_retention_with_its_reason():
+    rule = ac.build_rule("miras:memora")
+    q, k, v, alpha, theta = _call(T=4)
+    with pytest.raises(StrategyError, match="nonlinear"):
+        rule(q, k, v, gates={"alpha": alpha, "theta": theta}, strategy={"use": "core:chunkwise", "chunk_size": 2})
+
+
+def test_chunkwise_runs_moneta_at_q_2_exactly_like_sequential():
+    rule = ac.build_rule({"use": "miras:moneta", "retention": {"use": "miras:lq", "q": 2.0}})
+    q, k, v, alpha, theta = _call(T=5)
+    gates = {"alpha": alpha, "theta": theta}
+    y1, s1 = rule(q, k, v, gates=gates, strategy="core:sequential")
+    y2, s2 = rule(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 1})
+    torch.testing.assert_close(y1, y2, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(s1["M"], s2["M"], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"bias": {"use": "miras:lp", "p": 1.5, "eps": 0.0}}, "bias"),
+    ({"retention": {"use": "miras:lq", "q": 3.0}}, "retention.q"),
+    ({"bias": {"use": "miras:huber", "delta": 0.0}}, "bias.delta"),
+    ({"retention": {"use": "miras:kl", "axis": "column"}}, "retention.axis"),
+])
+def test_bad_params_are_spec_errors_with_their_path(bad, where):
+    with pytest.raises(SpecError, match=where):
+        ac.build_rule({"use": "miras:moneta", **bad})
