@@ -20,6 +20,7 @@ class MuonParams(Params):
     ns_steps: int = Field(
         5,
         ge=0,
+        strict=True,  # an integer, not `true` or 2.5
         description="Newton-Schulz iterations k; 0 skips orthogonalisation (the update is then "
         "the Frobenius-normalised momentum Z / ||Z||_F)",
     )

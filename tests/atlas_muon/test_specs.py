@@ -37,8 +37,9 @@ def issues(exc: SpecError):
         ({"coefficients": [3.4, float("nan"), 2.0]}, "memory.algorithm.coefficients", "finite"),
         ({"coefficients": [3.4, 2.0]}, "memory.algorithm.coefficients", "three numbers"),
         ({"ns_step": 5}, "memory.algorithm.ns_step", "unknown key"),
+        ({"ns_steps": True}, "memory.algorithm.ns_steps", "valid integer"),
     ],
-    ids=["ns_steps", "inf", "nan", "two", "typo"],
+    ids=["ns_steps", "inf", "nan", "two", "typo", "bool"],
 )
 def test_bad_algorithm_params(algorithm, path, text):
     with pytest.raises(SpecError) as err:
