@@ -134,8 +134,12 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_o
 
     try:
         layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads)
-    except SpecError:
-        raise
+    except SpecError as exc:  # e.g. a structure refusing its sizes: point into [memory]
+        if all(i.path.startswith("memory") for i in exc.issues):
+            raise
+        raise SpecError([i if i.path.startswith("memory") else
+                         Issue(f"memory.{i.path}" if i.path else "memory", i.message, i.value, i.hint)
+                         for i in exc.issues]) from None
     except ValueError as exc:
         raise SpecError([Issue("memory", f"{arch} cannot host this memory: {exc}")]) from None
     rule = layer.rule

@@ -215,5 +215,23 @@ def test_a_rule_the_architecture_cannot_host(arch):
 def test_deep_memory_residual_mismatch_is_a_spec_error():
     spec = spec_for("titans:lmm", "deep-seq")
     spec["layer"]["d_value"] = 4  # d_key = 8: the MLP residual x + f(x) cannot add
-    with pytest.raises(SpecError, match="residual"):
+    with pytest.raises(SpecError, match="residual") as err:
         ac.build_model(spec)
+    assert err.value.issues[0].path == "memory.structure.residual"
+
+
+@pytest.mark.parametrize("arch", ["titans:mag", "titans:mac"])
+def test_other_plugins_rules_plug_in(arch):
+    """An Atlas rule (omega window bias, polynomial features, Muon, deep memory) from other plugins,
+    with its own chunked strategy: decoding still equals the full forward pass."""
+    spec = spec_for(arch)
+    spec["memory"] = {"use": "atlas_muon:atlas",
+                      "structure": {"use": "titans:mlp", "expansion": 1.0},
+                      "parallel": {"use": "atlas_muon:atlas_parallel", "chunk_size": 4}}
+    torch.manual_seed(0)
+    model = ac.build_model(spec).double().eval()
+    ids = ids_for(n=T)
+    with torch.no_grad():
+        full = model(ids)
+        step, _ = decode(model, ids, [2] + [1] * (T - 2))
+    torch.testing.assert_close(step, full, rtol=0, atol=1e-8)
