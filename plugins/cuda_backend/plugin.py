@@ -2,6 +2,9 @@
 
 - backend ``cuda:chunk_linear`` serves ``core:chunkwise`` (linear memory, l2/dot bias with an
   optional Omega window, gd/momentum, linear retention, read after/before);
+- backend ``cuda:mru_scan`` serves the MRU's product scan (``mru:brent_kung``, the MRU's default
+  scan; the kernel computes the same products as ``mru:sklansky`` / ``mru:hillis_steele``, listed
+  in the ``strategies`` extra, but a backend entry names a single strategy).
 
 Each backend is available when Triton imports and a CUDA device is present, or when
 ``TRITON_INTERPRET=1`` runs the kernels in Triton's CPU interpreter. ``ATLAS_DISABLE_BACKENDS``
@@ -23,4 +26,9 @@ def atlas_register(registry):
         "backend", "chunk_linear", f"{_P}.backend_chunk:build", priority=100,
         strategy="core:chunkwise",
         summary="Triton chunkwise linear-memory update (l2/dot, Omega window, gd/momentum), fwd + bwd",
+    )
+    registry.add(
+        "backend", "mru_scan", f"{_P}.backend_mru:build", priority=100,
+        strategy="mru:brent_kung", strategies=("mru:brent_kung", "mru:sklansky", "mru:hillis_steele"),
+        summary="Triton MRU matrix-product scan (chunked three-phase), closed-form backward",
     )
