@@ -130,7 +130,11 @@ def resolve_task(value: Any, path: str = "task", registry=None) -> dict[str, Any
     except UnknownComponentError:
         names = registry.names("task")
         raise SpecError([Issue(where, "unknown task", name, _task_hint(name, names))]) from None
-    comp.validate(raw, path)
+    try:
+        comp.validate(raw, path)
+    except SpecError as exc:  # pydantic's "Value error, " prefix says nothing to a user
+        raise SpecError([Issue(i.path, i.message.removeprefix("Value error, "), i.value, i.hint)
+                         for i in exc.issues]) from None
     return {"use": comp.name, **raw}
 
 

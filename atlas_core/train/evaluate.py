@@ -1,0 +1,139 @@
+"""Tasks for a model, and evaluation: loss, accuracy and perplexity over counted targets.
+
+`build_task` builds the ``[train]`` task for a model: the task's ``vocab_size`` defaults to the
+model's, ``train.seq_len`` overrides the task's, and a task that needs more ids than the model has
+is one `SpecError`. `held_out` gives the split to evaluate on (a text task's ``val`` split; the
+synthetic tasks draw fresh rows from their own generator anyway).
+
+`evaluate` draws ``batches`` batches from a generator seeded with ``seed + EVAL_SEED_OFFSET`` (the
+same rows at every evaluation of a run, and never the training stream), and returns::
+
+    {"loss": mean CE over counted targets, "accuracy": argmax hits / counted targets,
+     "perplexity": exp(loss), "tokens": counted targets, "batches": batches}
+
+With data parallelism every rank evaluates its slice of each batch and the sums are all-reduced.
+
+Tensors: ``inputs, targets: LongTensor [B, T]`` from the task; ``logits: [B, T, vocab]``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import Issue, SpecError
+from ..host.registry import split_use
+from .distributed import SINGLE, DistInfo, all_reduce_sum, shard
+from .tasks import IGNORE_INDEX, Task
+
+EVAL_SEED_OFFSET = 1_000_003
+
+
+def task_table(task: Any, model_vocab: int, seq_len: int | None = None, registry=None) -> dict:
+    """``{"use": name, **params}`` with vocab_size / seq_len filled as described above."""
+    if registry is None:
+        from ..host.manager import get_registry
+
+        registry = get_registry()
+    name, raw = split_use(task, "train.task")
+    comp = registry.get("task", name, "train.task")
+    fields = comp.load_params().model_fields
+    raw = dict(raw)
+    if "vocab_size" in fields and "vocab_size" not in raw:
+        raw["vocab_size"] = model_vocab
+    if seq_len is not None:
+        if "seq_len" not in fields:
+            raise SpecError([Issue("train.seq_len", f"task {comp.name} has no seq_len", seq_len,
+                                   "remove train.seq_len")])
+        raw["seq_len"] = seq_len
+    return {"use": comp.name, **raw}
+
+
+def build_task(task: Any, model_vocab: int, seq_len: int | None = None, registry=None) -> Task:
+    """The task of a ``[train]`` table for a model with ``model_vocab`` ids (see above)."""
+    if registry is None:
+        from ..host.manager import get_registry
+
+        registry = get_registry()
+    table = task_table(task, model_vocab, seq_len, registry)
+    built = registry.build("task", table, path="train.task")
+    if built.vocab_size > model_vocab:
+        raise SpecError([Issue(
+            "model.vocab_size",
+            f"the task {built.describe()} uses {built.vocab_size} token ids, the model has "
+            f"{model_vocab}", model_vocab, f"set model.vocab_size = {built.vocab_size} or more")])
+    return built
+
+
+def held_out(task: Task) -> Task:
+    """The task to evaluate a trained model on: a text task's ``val`` split when it has one."""
+    p = task.params
+    if getattr(task, "name", "") == "text" and p.split == "train" and p.val_fraction > 0:
+        try:
+            return task.derive(split="val")
+        except ValueError:  # the held-out part is shorter than a window: evaluate on train
+            return task
+    return task
+
+
+def task_meta(task: Task, table: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records about its task (the char vocabulary of a text task included)."""
+    meta: dict[str, Any] = {
+        "use": table.get("use"),
+        "params": task.params.model_dump(),
+        "vocab_size": task.vocab_size,
+        "seq_len": task.seq_len,
+    }
+    if getattr(task, "name", "") == "text":
+        meta["text"] = {"mode": task.params.mode, "vocab": task.vocab}
+    return meta
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    task: Task,
+    *,
+    batches: int,
+    batch_size: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+    dist: DistInfo = SINGLE,
+) -> dict[str, float]:
+    """Loss / accuracy / perplexity of ``model`` on ``batches`` fixed batches of ``task``."""
+    if batches < 1:
+        raise ValueError(f"batches={batches} must be >= 1")
+    if batch_size < 1 or batch_size % dist.world:
+        raise ValueError(
+            f"batch_size={batch_size} must be a positive multiple of the {dist.world} processes"
+        )
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # ce, hits, counted
+    try:
+        for _ in range(batches):
+            inputs, targets = task.batch(batch_size, gen)
+            inputs = shard(inputs, dist).to(device)
+            targets = shard(targets, dist).to(device)
+            logits = model(inputs).float()
+            keep = targets != IGNORE_INDEX
+            ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                 ignore_index=IGNORE_INDEX, reduction="sum")
+            hits = ((logits.argmax(-1) == targets) & keep).sum()
+            sums += torch.stack([ce.double(), hits.double(), keep.sum().double()])
+    finally:
+        model.train(was_training)
+    all_reduce_sum(sums, dist)
+    ce, hits, count = sums.tolist()
+    loss = ce / max(count, 1.0)
+    return {
+        "loss": loss,
+        "accuracy": hits / max(count, 1.0),
+        "perplexity": math.exp(min(loss, 700.0)),
+        "tokens": int(count),
+        "batches": batches,
+    }

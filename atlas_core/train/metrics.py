@@ -1,0 +1,103 @@
+"""The metrics log of a run (JSON lines) and its loss / accuracy curve (PNG).
+
+Every line of ``metrics.jsonl`` is one JSON object with ``"kind"``:
+
+- ``"train"``: ``step`` (optimizer steps done), ``loss`` (mean over the counted targets of the
+  global batch), ``lr``, ``grad_norm`` (before clipping), ``tokens_per_s``, ``elapsed_s``;
+- ``"eval"``: ``step``, ``loss``, ``accuracy`` (argmax over the counted targets), ``perplexity``,
+  ``tokens`` (counted targets evaluated);
+- ``"run"``: start / resume / interrupt / end markers with the step.
+
+Resuming from step ``s`` first drops the records after ``s`` (they belong to steps that the resumed
+run will redo), so the log reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "curve.png"
+
+
+class MetricsLog:
+    """Append-only JSONL writer (a no-op on non-zero ranks: ``enabled=False``)."""
+
+    def __init__(self, path: str | Path, *, enabled: bool = True) -> None:
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the records of steps after ``step`` (rewritten atomically)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= step]
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics file (a truncated last line, from a killed run, is skipped)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, title: str = "") -> str | None:
+    """Save the train/eval loss and eval accuracy against the step as a PNG.
+
+    Returns None on success, or a one-line reason when no plot was written (matplotlib missing,
+    nothing to plot)."""
+    records = list(records)
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    if not train and not evals:
+        return "no metrics to plot"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, never a window
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'atlas-memory[plot]'); skipped the curve"
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    if train:
+        ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    if evals:
+        ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="eval", ms=3)
+        ax_acc.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", ms=3)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend()
+    ax_loss.grid(alpha=0.3)
+    ax_acc.set_xlabel("step")
+    ax_acc.set_ylabel("eval accuracy")
+    ax_acc.set_ylim(0, 1)
+    ax_acc.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return None

@@ -1,0 +1,193 @@
+"""From command-line options to a checked training plan: spec, overrides, resume, run directory.
+
+Everything that can be wrong with the user's input is found here, before a model is built or a
+process is spawned, and reported as one error: a spec problem (`SpecError`), a checkpoint that is
+missing, corrupt or written for another spec (`CheckpointError`), a run directory that already
+holds a run (`RunDirError`), a task that cannot be built (missing or empty text file, a sequence
+length the task does not allow). Nothing is written until the plan is complete.
+
+Rules:
+- without a spec, ``atlas train`` uses the embedded default (`DEFAULT_SPEC`, a small MQAR run), or,
+  with ``--resume``, the spec saved in the checkpoint;
+- ``--steps``, ``--seed``, ``--device`` override ``[train]`` and are saved in the resolved spec;
+- resuming with a spec requires the same model (``model``, ``memory``, ``layer``: the
+  `arch_hash`); the ``[train]`` table may differ (e.g. more steps);
+- a fresh run never writes into a directory that already holds one: ``--out DIR`` must be new
+  or empty of runs, and without ``--out`` the first free ``runs/<name>``, ``runs/<name>-2``, ...
+  is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import AtlasError, Issue, SpecError
+from .checkpoint import Checkpoint, CheckpointError, _complete_steps, arch_hash, load_checkpoint
+from .metrics import METRICS_FILE
+from .params import TrainParams, train_params
+
+DEFAULT_SPEC = "default_mqar.toml"
+
+
+class RunDirError(AtlasError, ValueError):
+    """The output directory already holds a run, or cannot be used."""
+
+
+def default_spec_text() -> str:
+    """The TOML of the embedded default spec (``atlas_core/data/default_mqar.toml``)."""
+    return importlib.resources.files("atlas_core").joinpath("data", DEFAULT_SPEC).read_text()
+
+
+@dataclass
+class TrainOptions:
+    """What ``atlas train`` was asked (picklable: it is handed to spawned workers)."""
+
+    spec: str | dict | None = None  # a path, TOML text or a mapping; None: default / checkpoint's
+    out: str | None = None
+    resume: str | None = None
+    steps: int | None = None
+    seed: int | None = None
+    device: str | None = None
+    progress: bool = True
+    run_dir_checked: bool = False  # set by the launcher once the directory was chosen
+
+
+@dataclass
+class Plan:
+    spec: Any  # the resolved Spec, overrides applied
+    train: TrainParams
+    run_dir: Path
+    device: str
+    resume: Checkpoint | None
+    source: str
+    task: Any = None  # the built training task (checked here: files exist, lengths fit)
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def spec_difference(a: Any, b: Any, limit: int = 3) -> str:
+    """The first differing dotted keys of two specs' model/memory/layer tables."""
+    fa = _flat({k: getattr(a, k) for k in ("model", "memory", "layer")})
+    fb = _flat({k: getattr(b, k) for k in ("model", "memory", "layer")})
+    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k))
+    parts = [f"{k}: {fb.get(k)!r} in the checkpoint, {fa.get(k)!r} here" for k in keys[:limit]]
+    more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
+    return "; ".join(parts) + more
+
+
+def resolve_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise SpecError([Issue("train.device", "CUDA is not available in this torch build or "
+                               "machine", "cuda", "use device = 'cpu' or 'auto'")])
+    return requested
+
+
+def _load(source: str | dict | None):
+    from ..spec import load_spec
+
+    if source is None:
+        return load_spec(default_spec_text()), "<default mqar spec>"
+    if isinstance(source, dict):
+        return load_spec(source), "<spec>"
+    text = str(source)
+    if "\n" not in text and not Path(text).exists():
+        raise SpecError([Issue("", f"no such spec file {text!r}", None,
+                               "give the path of a .toml spec, or no SPEC for the default")])
+    label = text if "\n" not in text else "<spec>"
+    return load_spec(Path(text) if "\n" not in text else text), label
+
+
+def _with_train(spec: Any, train: dict[str, Any]) -> Any:
+    from ..spec import load_spec
+
+    data = spec.to_dict()
+    data["train"] = train
+    return load_spec(data)
+
+
+def _fresh_run_dir(out: str | None, name: str) -> Path:
+    def holds_run(d: Path) -> bool:
+        return (d / METRICS_FILE).exists() or bool(_complete_steps(d / "checkpoints"))
+
+    if out is not None:
+        d = Path(out).expanduser()
+        if d.exists() and not d.is_dir():
+            raise RunDirError(f"--out {out!r} is a file; give a directory")
+        if d.is_dir() and holds_run(d):
+            raise RunDirError(
+                f"--out {out!r} already holds a run; continue it with --resume {out}, or give "
+                "another --out (nothing was overwritten)"
+            )
+        return d
+    base = Path("runs") / (re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run")
+    d, i = base, 1
+    while d.exists() and (holds_run(d) or any(d.iterdir())):
+        i += 1
+        d = base.with_name(f"{base.name}-{i}")
+    return d
+
+
+def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
+    """Check every input and decide the run (see the module docstring)."""
+    ckpt = load_checkpoint(opts.resume) if opts.resume else None
+    if opts.spec is None and ckpt is not None:
+        spec, source = ckpt.spec, str(ckpt.path / "spec.toml")
+    else:
+        spec, source = _load(opts.spec)
+    if ckpt is not None and arch_hash(spec) != ckpt.manifest.get("arch_hash"):
+        raise CheckpointError(
+            f"the checkpoint {str(ckpt.path)!r} was written for a different model than {source} "
+            f"({spec_difference(spec, ckpt.spec)}); resume with the checkpoint's own spec (omit "
+            "SPEC) or start a new run"
+        )
+    train = dict(spec.train) if spec.train is not None else {}
+    for key, value in (("steps", opts.steps), ("seed", opts.seed), ("device", opts.device)):
+        if value is not None:
+            train[key] = value
+    if spec.train is None or train != spec.train:
+        spec = _with_train(spec, train)
+    params = train_params(spec.train)
+    device = resolve_device(params.device)
+    if params.batch_size % world:
+        raise SpecError([Issue("train.batch_size", f"must be divisible by the {world} processes "
+                               "(each takes an equal share of the global batch)", params.batch_size,
+                               f"use a multiple of {world}")])
+    from .evaluate import build_task
+
+    task = build_task(params.task, int(spec.model.get("vocab_size", 0)), params.seq_len)
+    if ckpt is not None and params.steps <= ckpt.step:
+        raise CheckpointError(
+            f"the checkpoint {str(ckpt.path)!r} is at step {ckpt.step} and the run has "
+            f"steps = {params.steps}: nothing left to train; pass --steps N with N > {ckpt.step}"
+        )
+    if ckpt is not None:
+        cp = ckpt.path
+        default_dir = cp.parent.parent if cp.parent.name == "checkpoints" else cp.parent
+        run_dir = Path(opts.out).expanduser() if opts.out else default_dir
+    elif opts.run_dir_checked and opts.out:
+        run_dir = Path(opts.out)
+    else:
+        run_dir = _fresh_run_dir(opts.out, spec.name)
+    return Plan(spec, params, run_dir, device, ckpt, source, task)
+
+
+def worker_options(opts: TrainOptions, plan: Plan) -> TrainOptions:
+    """The options a spawned worker gets: the resolved spec and the chosen directory."""
+    return dataclasses.replace(opts, spec=plan.spec.to_dict(), out=str(plan.run_dir),
+                               steps=None, seed=None, device=None, run_dir_checked=True)

@@ -1,0 +1,358 @@
+"""The training loop: AdamW on a task's masked cross-entropy, evaluation, checkpoints, Ctrl-C.
+
+One optimizer step ``s`` (0-based):
+
+1. ``lr = lr_at(s)`` (warm-up, then cosine to ``min_lr``);
+2. ``inputs, targets = task.batch(batch_size, data_generator)``: ``[B, T]`` each (the global batch;
+   with N processes each keeps ``B / N`` rows, see `distributed`);
+3. ``loss = sum CE(logits, targets) / (global count of targets != -100)``; backward; gradients
+   summed over processes; global-norm clipping at ``grad_clip``; ``AdamW.step()``.
+
+Every ``log_every`` steps a ``train`` record goes to ``metrics.jsonl``; every ``eval_every`` steps
+(and at the end) an ``eval`` record (`evaluate`); every ``checkpoint_every`` steps (and at the end)
+a checkpoint. At the end the curve is drawn (``curve.png``) and the result returned.
+
+Ctrl-C: the first SIGINT asks the loop to stop after the current step (all processes agree on
+the step), a checkpoint of that step is saved and `TrainingInterrupted` raised; the CLI prints one
+line and exits 130. A second Ctrl-C stops at once without saving (the last checkpoint stays).
+
+Resume restores the weights, the optimiser state, the data generator and torch's global RNG, the
+step and the token count, so N steps + resume + M steps equals N + M steps.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import AtlasError
+from .checkpoint import save_checkpoint
+from .distributed import (
+    SINGLE, DistInfo, all_reduce_grads, all_reduce_sum, any_rank, broadcast_model, shard,
+)
+from .evaluate import build_task, evaluate, held_out, task_meta, task_table
+from .metrics import CURVE_FILE, METRICS_FILE, MetricsLog, plot_curves, read_metrics
+from .optim import (
+    build_optimizer, load_optimizer_tensors, lr_at, named_unique_parameters, optimizer_tensors,
+    set_lr,
+)
+from .setup import Plan
+from .tasks import IGNORE_INDEX
+
+
+class TrainingInterrupted(AtlasError):
+    """The run was stopped by Ctrl-C after saving a checkpoint of ``step``."""
+
+    def __init__(self, step: int, checkpoint: str | Path | None):
+        self.step, self.checkpoint = step, checkpoint
+        where = f"checkpoint saved to {checkpoint}" if checkpoint else "no checkpoint saved"
+        resume = f"; continue with: atlas train --resume {checkpoint}" if checkpoint else ""
+        super().__init__(f"interrupted at step {step}; {where}{resume}")
+
+
+class TrainingDiverged(AtlasError, ValueError):
+    """The loss became nan or inf."""
+
+
+class Trainer:
+    """Runs a `Plan`. ``on_step(trainer)`` is called after every optimizer step (tests use it
+    to stop a run where they want, through the same path as Ctrl-C: `request_stop`)."""
+
+    def __init__(self, plan: Plan, dist: DistInfo = SINGLE,
+                 on_step: Callable[["Trainer"], None] | None = None, progress: bool = True) -> None:
+        self.plan, self.dist, self.on_step = plan, dist, on_step
+        self.show_progress = progress and dist.is_main
+        self.p = plan.train
+        self.device = plan.device
+        self.stop_requested = False
+        self.step = 0
+        self.tokens_seen = 0
+        self.elapsed_before = 0.0
+        self.last_eval: dict[str, Any] | None = None
+        self.checkpoint_path: Path | None = None
+        self.log = MetricsLog(plan.run_dir / METRICS_FILE, enabled=dist.is_main)
+        self._setup()
+
+    # -- construction -------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from ..model import build_model
+
+        p, spec = self.p, self.plan.spec
+        model_vocab = int(spec.model.get("vocab_size", 0))
+        self.task_table = task_table(p.task, model_vocab, p.seq_len)
+        self.task = self.plan.task or build_task(p.task, model_vocab, p.seq_len)
+        self.eval_task = held_out(self.task)
+        torch.manual_seed(p.seed)  # the model's initial weights
+        self.model = build_model(spec).to(self.device)
+        self.params = [q for _, q in named_unique_parameters(self.model)]
+        self.optimizer = build_optimizer(self.model, p)
+        self.data_gen = torch.Generator().manual_seed(p.seed)
+        ckpt = self.plan.resume
+        if ckpt is not None:
+            ckpt.load_model(self.model)
+            tensors, rest = ckpt.optimizer_state()
+            load_optimizer_tensors(self.model, self.optimizer, tensors, rest)
+            rng = ckpt.rng()
+            self.data_gen.set_state(rng["rng/data"])
+            torch.set_rng_state(rng["rng/torch"])
+            if self.device.startswith("cuda") and "rng/cuda.0" in rng:
+                torch.cuda.set_rng_state(rng["rng/cuda.0"])
+            self.step = ckpt.step
+            self.tokens_seen = int(ckpt.meta.get("tokens_seen", 0))
+            self.elapsed_before = float(ckpt.meta.get("elapsed_s", 0.0))
+            self.last_eval = ckpt.meta.get("last_eval")
+        broadcast_model(self.model, self.dist)
+
+    @property
+    def n_params(self) -> int:
+        return sum(q.numel() for q in self.params)
+
+    def request_stop(self) -> None:
+        """Stop after the current step and save (what Ctrl-C does)."""
+        self.stop_requested = True
+
+    # -- one step -----------------------------------------------------------------------------
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        """One optimizer step on this rank's rows; returns global loss / accuracy / grad norm."""
+        self.model.train()
+        logits = self.model(inputs).float()  # [b, T, V]
+        keep = targets != IGNORE_INDEX
+        ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                             ignore_index=IGNORE_INDEX, reduction="sum")
+        hits = ((logits.detach().argmax(-1) == targets) & keep).sum()
+        counts = all_reduce_sum(torch.stack([keep.sum(), hits]).double(), self.dist)
+        total = counts[0].clamp_min(1.0)
+        loss = ce / total.to(ce.dtype)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        all_reduce_grads(self.params, self.dist)
+        clip = self.p.grad_clip if self.p.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        self.optimizer.step()
+        report = all_reduce_sum(loss.detach().double().reshape(1), self.dist)
+        return {"loss": float(report.item()), "accuracy": float(counts[1] / total),
+                "grad_norm": float(grad_norm)}
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        rng = {"rng/data": self.data_gen.get_state(), "rng/torch": torch.get_rng_state()}
+        if self.device.startswith("cuda"):
+            rng["rng/cuda.0"] = torch.cuda.get_rng_state()
+        return rng
+
+    def save(self) -> Path | None:
+        """Checkpoint the current step (rank 0 writes; the others wait)."""
+        path = None
+        if self.dist.is_main:
+            meta = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "elapsed_s": self.elapsed(),
+                "world_size": self.dist.world,
+                "task": task_meta(self.task, self.task_table),
+                "last_eval": self.last_eval,
+            }
+            path = save_checkpoint(
+                self.plan.run_dir, self.step, model=self.model, spec=self.plan.spec,
+                optimizer_state=optimizer_tensors(self.model, self.optimizer),
+                rng=self.rng_state(), meta=meta, keep=self.p.keep_checkpoints,
+            )
+            self.checkpoint_path = path
+        if self.dist.active:
+            torch.distributed.barrier()
+        return path
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + (time.perf_counter() - self._t0)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any]:
+        result = evaluate(self.model, self.eval_task, batches=self.p.eval_batches,
+                          batch_size=self.p.batch_size, seed=self.p.seed, device=self.device,
+                          dist=self.dist)
+        self.last_eval = {"step": self.step, **result}
+        self.log.write({"kind": "eval", **self.last_eval})
+        return result
+
+    def _install_sigint(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            if self.stop_requested:  # the second Ctrl-C: stop now, without saving
+                raise KeyboardInterrupt
+            self.stop_requested = True
+
+        return signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> dict[str, Any]:
+        p, plan = self.p, self.plan
+        if self.dist.is_main:
+            plan.run_dir.mkdir(parents=True, exist_ok=True)
+            (plan.run_dir / "spec.toml").write_text(plan.spec.to_toml())
+            self.log.truncate_after(self.step)
+            self.log.write({"kind": "run", "event": "resume" if plan.resume else "start",
+                            "step": self.step, "world_size": self.dist.world,
+                            "spec_hash": plan.spec.spec_hash})
+        self._t0 = time.perf_counter()
+        tokens_per_step = p.batch_size * self.task.seq_len
+        previous = self._install_sigint()
+        progress = _Progress(self.show_progress, p.steps, self.step)
+        window_t, window_tokens = time.perf_counter(), 0
+        try:
+            with progress:
+                while self.step < p.steps:
+                    set_lr(self.optimizer, lr_at(self.step, p))
+                    inputs, targets = self.task.batch(p.batch_size, self.data_gen)
+                    inputs = shard(inputs, self.dist).to(self.device, non_blocking=True)
+                    targets = shard(targets, self.dist).to(self.device, non_blocking=True)
+                    stats = self.train_step(inputs, targets)
+                    if not math.isfinite(stats["loss"]):
+                        raise TrainingDiverged(
+                            f"the loss became {stats['loss']} at step {self.step + 1}; lower "
+                            f"train.lr (now {p.lr}) or raise train.warmup_steps; the last "
+                            "checkpoint is untouched"
+                        )
+                    self.step += 1
+                    self.tokens_seen += tokens_per_step
+                    window_tokens += tokens_per_step
+                    now = time.perf_counter()
+                    tps = window_tokens / max(now - window_t, 1e-9)
+                    progress.update(self.step, stats["loss"], tps)
+                    if self.step % p.log_every == 0 or self.step == p.steps:
+                        self.log.write({"kind": "train", "step": self.step, **stats,
+                                        "lr": lr_at(self.step - 1, p), "tokens_per_s": tps,
+                                        "elapsed_s": self.elapsed()})
+                        window_t, window_tokens = now, 0
+                    if p.eval_every and self.step % p.eval_every == 0 and self.step != p.steps:
+                        r = self.evaluate()
+                        progress.note(f"step {self.step}: eval loss {r['loss']:.4f}, "
+                                      f"accuracy {r['accuracy']:.3f}")
+                    if p.checkpoint_every and self.step % p.checkpoint_every == 0:
+                        self.save()
+                    if self.on_step is not None:
+                        self.on_step(self)
+                    if any_rank(self.stop_requested, self.dist, self.device):
+                        break
+            if self.step < p.steps:  # stopped early: save and say so
+                path = self.save()
+                self.log.write({"kind": "run", "event": "interrupt", "step": self.step})
+                raise TrainingInterrupted(self.step, path)
+            final = self.evaluate()
+            path = self.save()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        result = {
+            "name": plan.spec.name,
+            "arch": plan.spec.arch,
+            "spec_hash": plan.spec.spec_hash,
+            "task": self.task.describe(),
+            "steps": self.step,
+            "eval_loss": final["loss"],
+            "accuracy": final["accuracy"],
+            "perplexity": final["perplexity"],
+            "eval_tokens": final["tokens"],
+            "params": self.n_params,
+            "time_s": self.elapsed(),
+            "tokens_per_s": self.tokens_seen / max(self.elapsed(), 1e-9),
+            "world_size": self.dist.world,
+            "device": self.device,
+            "run_dir": str(plan.run_dir),
+            "checkpoint": str(path) if path else None,
+        }
+        if self.dist.is_main:
+            self.log.write({"kind": "run", "event": "end", "step": self.step,
+                            "accuracy": final["accuracy"], "eval_loss": final["loss"]})
+            why = plot_curves(read_metrics(plan.run_dir / METRICS_FILE), plan.run_dir / CURVE_FILE,
+                              f"{plan.spec.name}: {self.task.describe()}")
+            result["curve"] = None if why else str(plan.run_dir / CURVE_FILE)
+            if why:
+                print(why, file=sys.stderr)
+        return result
+
+
+class _Progress:
+    """A rich progress bar on stderr (step, loss, tokens/s, ETA), or nothing."""
+
+    def __init__(self, enabled: bool, total: int, start: int) -> None:
+        self.enabled = enabled
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("step"), MofNCompleteColumn(), BarColumn(),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                console=Console(file=sys.stderr), transient=False,
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-", tps="-")
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, step: int, loss: float, tps: float) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}", tps=f"{tps:,.0f}")
+
+    def note(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False)
+
+
+# -- entry points ---------------------------------------------------------------------------------
+def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
+    """Plan and train (the function each spawned process runs)."""
+    from .setup import make_plan
+
+    plan = make_plan(opts, world=dist.world)
+    return Trainer(plan, dist, progress=opts.progress).run()
+
+
+def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
+    """Train as ``atlas train`` does: check everything, then run in 1 or ``nproc`` processes.
+
+    Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) this process is one rank."""
+    from . import distributed
+    from .setup import make_plan, worker_options
+
+    env = distributed.from_env()
+    if env is not None:
+        plan = make_plan(opts, world=env.world)
+        distributed.init(env, plan.device)
+        try:
+            return Trainer(plan, env, on_step, progress=opts.progress).run()
+        finally:
+            distributed.shutdown()
+    if nproc < 1:
+        raise ValueError(f"--nproc {nproc} must be >= 1")
+    plan = make_plan(opts, world=nproc)  # every input error surfaces here, in this process
+    if nproc == 1:
+        return Trainer(plan, SINGLE, on_step, progress=opts.progress).run()
+    if plan.device.startswith("cuda") and torch.cuda.device_count() < nproc:
+        raise ValueError(
+            f"--nproc {nproc} on CUDA needs {nproc} GPUs (one per process), this machine has "
+            f"{torch.cuda.device_count()}; lower --nproc or use --device cpu"
+        )
+    if on_step is not None:
+        raise ValueError("on_step callbacks run in one process only (nproc=1)")
+    return distributed.spawn(run_plan, worker_options(opts, plan), nproc, plan.device)
