@@ -4,12 +4,18 @@ Neither command imports torch or any kernel: the host imports only the plugins' 
 which must stay cheap (see `atlas_core.host.hookspecs`). A plugin that raised at import is shown
 as failed with its error; the other plugins and every other command keep working.
 
-Other modules may add commands to this group (``atlas plugins new``)::
+Other modules may add commands to this group (``atlas plugins new``). Add them when the module is
+imported (not inside ``register``, which runs for every app `make_app` builds), and list the
+module in `atlas_cli.main.COMMAND_MODULES`::
 
+    from atlas_cli.common import examples
     from atlas_cli.plugins import plugins_app
 
-    def register(app):
-        plugins_app.command("new", epilog=examples("atlas plugins new acme"))(new)
+    @plugins_app.command("new", epilog=examples("atlas plugins new acme"))
+    def new(name: str) -> None: ...
+
+    def register(app) -> None:  # the command is already on plugins_app
+        pass
 """
 
 from __future__ import annotations

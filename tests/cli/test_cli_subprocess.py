@@ -50,6 +50,7 @@ def test_plugins_list_shows_the_broken_plugin_without_importing_torch(env):
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "triton"))
         print("EXIT", code, "HEAVY", heavy, file=sys.stderr)
     """)
+    e = {**e, "ATLAS_DISABLE_PLUGINS": "titans"}
     proc = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
     assert "EXIT 0 HEAVY []" in proc.stderr, proc.stderr
     rows = {r["namespace"]: r for r in json.loads(proc.stdout)}
@@ -57,6 +58,7 @@ def test_plugins_list_shows_the_broken_plugin_without_importing_torch(env):
     assert rows["fake"]["distribution"] == "fake-plugin" and rows["fake"]["version"] == "0.1"
     assert rows["fake"]["error"] == "RuntimeError: fake plugin exploded"
     assert rows["core"]["status"] == "ok"
+    assert rows["titans"]["status"] == "disabled" and rows["titans"]["n_components"] == 0
 
 
 def test_other_commands_still_work_with_a_broken_plugin(env):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas_core.errors import SpecError
 from atlas_core.spec import dump_toml, load_spec
 
 from .toys import VALID, toy_registry
@@ -77,7 +78,14 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_validates_and_round_trips(path):
-    spec = load_spec(path)
+    try:
+        spec = load_spec(path)
+    except SpecError as exc:
+        # an example may need a separately installed plugin (e.g. atlas-miras): then the only
+        # problems allowed are components whose namespace is not installed, naming the package
+        missing = [i for i in exc.issues if "is not installed" in (i.hint or "")]
+        assert missing and len(missing) == len(exc.issues), str(exc)
+        pytest.skip(f"{path.name} needs a plugin that is not installed: {missing[0].hint}")
     assert spec.name and spec.arch
     assert load_spec(spec.to_toml()) == spec
 
