@@ -106,13 +106,25 @@ class MemoryLM(nn.Module):
         return torch.cat(out, dim=1)
 
     def param_report(self) -> list[tuple[str, int]]:
-        rows = []
+        """Parameters per top-level block; a shared (tied) tensor counts once, where first met."""
+        rows, seen = [], set()
+
+        def count(module: nn.Module) -> int:
+            n = 0
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    n += p.numel()
+            return n
+
         for name, child in self.named_children():
             if isinstance(child, nn.ModuleList):
-                for i, block in enumerate(child):
-                    rows.append((f"{name}.{i}", sum(p.numel() for p in block.parameters())))
+                rows.extend((f"{name}.{i}", count(block)) for i, block in enumerate(child))
             else:
-                rows.append((name, sum(p.numel() for p in child.parameters())))
+                rows.append((name, count(child)))
+        own = sum(p.numel() for p in self._parameters.values() if p is not None and id(p) not in seen)
+        if own:
+            rows.append(("(own)", own))
         return rows
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
