@@ -31,6 +31,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "atlas_cli.spec",  # atlas spec validate|show
     "atlas_cli.build",  # atlas build FILE
     "atlas_cli.env",  # atlas env
+    "atlas_cli.check",  # atlas check NAME... (the conformance kit)
+    "atlas_cli.scaffold",  # atlas plugins new NAME
 )
 
 

@@ -216,7 +216,7 @@ def test_plugin_sub_app_is_mounted(host):
 
 COMMANDS = [
     ["plugins", "list"], ["plugins", "doctor"], ["components", "list"], ["components", "show"],
-    ["spec", "validate"], ["spec", "show"], ["build"], ["env"],
+    ["spec", "validate"], ["spec", "show"], ["build"], ["env"], ["check"], ["plugins", "new"],
 ]
 
 
