@@ -142,7 +142,7 @@ def build_model(spec: Any, *, registry=None) -> MemoryLM:
         from .host.manager import get_registry
 
         registry = get_registry()
-    resolved = load_spec(spec)
+    resolved = load_spec(spec, registry=registry)
     model_table = dict(resolved.model)
     arch = model_table.pop("arch")
     comp = registry.get("arch", arch, "model.arch")

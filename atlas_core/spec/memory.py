@@ -11,9 +11,11 @@ Resolution writes every component as ``{"use": "ns:name", **every param with its
   (a preset keeps its ``use`` first, followed by all five knobs, so the resolved table reads back
   as the same preset with explicit overrides);
 - a standalone rule (e.g. the MRU): ``{"use": rule, **params}``;
-- ``parallel``: absent means ``core:sequential`` (what `build_rule` runs without one);
-  ``"auto"`` is resolved to the strategy the dispatcher picks for this rule now, so a saved spec
-  rebuilds the same computation even after other plugins are installed.
+- ``parallel``: absent means ``"auto"``; ``"auto"`` is resolved to the strategy the dispatcher
+  picks for this rule now (the highest-priority strategy that supports it, e.g. ``core:chunkwise``
+  for composed rules, ``mru:brent_kung`` for the MRU), so a saved spec rebuilds the same
+  computation even after other plugins are installed. A model trained from a spec therefore uses
+  a parallel form by default; write ``parallel = "core:sequential"`` for the reference loop.
 
 Component params nested inside a knob's params (an Omega window's ``inner`` bias) are kept as
 the knob's params model returns them; they are not expanded.
@@ -30,7 +32,7 @@ from pydantic import BaseModel
 from ..errors import AtlasError, Issue, SpecError
 from ..host.registry import Registry, split_use
 
-DEFAULT_PARALLEL = "core:sequential"
+DEFAULT_PARALLEL = "auto"
 
 
 def plain(value: Any) -> Any:

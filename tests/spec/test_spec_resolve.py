@@ -58,13 +58,15 @@ def test_short_names_become_full_names(reg):
     assert "use" not in spec.memory  # no preset named, none invented
 
 
-def test_parallel_defaults_to_sequential_and_auto_is_resolved(reg):
+def test_parallel_defaults_to_auto_and_auto_is_resolved(reg):
     spec = spec_with(reg, memory={"algorithm": "core:momentum"})
-    assert spec.memory["parallel"] == {"use": "core:sequential"}
+    seq = spec_with(reg, memory={"algorithm": "core:momentum", "parallel": "core:sequential"})
+    assert seq.memory["parallel"] == {"use": "core:sequential"}
     auto = spec_with(reg, memory={"algorithm": "core:momentum", "parallel": "auto"})
     # core:chunkwise (priority 10) runs linear memory with momentum: auto picks it, with defaults
     assert auto.memory["parallel"]["use"] == "core:chunkwise"
     assert auto.memory["parallel"]["chunk_size"] == 64
+    assert spec.memory["parallel"] == auto.memory["parallel"]
 
 
 def test_a_strategy_that_refuses_the_rule_is_an_error_with_its_reason(reg):
