@@ -42,6 +42,7 @@ def _not_reference(subject) -> bool:
 
 def _compared_variants(subject, rule) -> list[Variant]:
     variants, left = subject.variants(rule)
+    left = [r if len(r) <= 110 else r[:107] + "..." for r in left]
     if not variants:
         if subject.kind == "strategy":
             raise Skip(f"{subject.name} does not run this rule: " + "; ".join(left))

@@ -30,6 +30,11 @@ ALL_KINDS = frozenset(
 class Failure(Exception):
     """Raised inside a check: the contract does not hold. ``numbers`` go into the message."""
 
+    # the runner recognises outcomes by this tag, not by class identity, so that a second copy
+    # of this module (pytester's in-process runs re-import modules) cannot turn a skip or a
+    # failure into a crash
+    atlas_check_outcome = "fail"
+
     def __init__(self, what: str, **numbers: Any) -> None:
         self.what = what
         self.numbers = numbers
@@ -38,6 +43,8 @@ class Failure(Exception):
 
 class Skip(Exception):
     """Raised inside a check: it cannot run for this component here (with the reason)."""
+
+    atlas_check_outcome = "skip"
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -85,7 +92,8 @@ class Check:
         text = f"{self.name}{where} failed: {failure.what}"
         if nums:
             text += f" ({nums})"
-        return f"{text}. Contract: {self.clause} See {self.anchor}"
+        stop = "" if text.endswith((".", "?", "!")) else "."
+        return f"{text}{stop} Contract: {self.clause} See {self.anchor}"
 
     def __call__(self, subject: Any) -> None:
         """Run on a resolved subject (what `parametrize_with_checks` hands to a test):
@@ -125,21 +133,17 @@ class CheckResult:
 
 
 # -- the catalogue ------------------------------------------------------------------------------
-CATALOGUE: dict[str, Check] = {}
-
-
 def register(
     name: str,
     clause: str,
     kinds: Iterable[str],
     applies: Callable[[Any], bool] | None = None,
 ) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
-    """Decorator that adds a check function to the catalogue (order of registration is kept)."""
+    """Decorator that marks a function as a check (``fn.atlas_check``). `runner.catalogue`
+    collects the marked functions of the check modules explicitly: no import-time registry."""
 
     def deco(fn: Callable[[Any], None]) -> Callable[[Any], None]:
-        if name in CATALOGUE:
-            raise ValueError(f"check {name!r} is registered twice")
-        CATALOGUE[name] = Check(name, clause, fn, frozenset(kinds), applies)
+        fn.atlas_check = Check(name, clause, fn, frozenset(kinds), applies)
         return fn
 
     return deco

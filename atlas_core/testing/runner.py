@@ -11,13 +11,21 @@ import warnings
 from typing import Any, Iterable, Mapping
 
 from .cases import Case, declared_cases
-from .results import CATALOGUE, Check, CheckFailed, CheckResult, Failure, Skip
+from .results import Check, CheckFailed, CheckResult, Failure
 
 
 def catalogue() -> dict[str, Check]:
     """Every check, in catalogue order (importing the check modules registers them)."""
-    from . import checks_basic, checks_equivalence, checks_numeric  # noqa: F401
+    from . import checks_basic, checks_equivalence, checks_numeric
 
+    found: dict[str, Check] = {}
+    for module in (checks_basic, checks_numeric, checks_equivalence):
+        for obj in vars(module).values():
+            check = getattr(obj, "atlas_check", None)
+            if isinstance(getattr(check, "name", None), str) and callable(obj):
+                if check.name in found and found[check.name].fn is not obj:
+                    raise RuntimeError(f"two checks are named {check.name!r}")
+                found[check.name] = check
     order = [
         "check_resolves_by_name", "check_params_forbid_extra_keys", "check_params_roundtrip_toml",
         "check_entry_module_light", "check_capabilities_hold", "check_shapes_and_dtypes",
@@ -26,8 +34,8 @@ def catalogue() -> dict[str, Check]:
         "check_deterministic_seed", "check_bf16_close_to_fp32", "check_long_sequence_stable",
         "check_reductions", "check_backend_matches_reference",
     ]
-    rest = [n for n in CATALOGUE if n not in order]
-    return {n: CATALOGUE[n] for n in order + rest if n in CATALOGUE}
+    rest = [n for n in found if n not in order]
+    return {n: found[n] for n in order + rest if n in found}
 
 
 def resolve(case: Case | str, host: Any = None):
@@ -75,13 +83,15 @@ def run_one(check: Check, subject, expected: Mapping[str, str] | None = None) ->
     try:
         with _one_thread():
             check.fn(subject)
-    except Skip as exc:
-        return CheckResult(check.name, subject.id, "skipped", reason=exc.reason, seconds=time.perf_counter() - t0)
-    except Failure as exc:
-        msg = check.message(exc, subject)
-        status = "xfail" if reason else "failed"
-        return CheckResult(check.name, subject.id, status, msg, reason or "", time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - a component that crashes fails the check, with the error
+        outcome = getattr(exc, "atlas_check_outcome", None)
+        if outcome == "skip":
+            return CheckResult(check.name, subject.id, "skipped", reason=exc.reason,
+                               seconds=time.perf_counter() - t0)
+        if outcome == "fail":
+            status = "xfail" if reason else "failed"
+            return CheckResult(check.name, subject.id, status, check.message(exc, subject), reason or "",
+                               time.perf_counter() - t0)
         import traceback
 
         tb = traceback.extract_tb(exc.__traceback__)

@@ -1,0 +1,83 @@
+"""Deliberately broken components: each breaks one contract, and the kit must name the check.
+
+Registered through ordinary plugin modules (see `conftest.plugin_module`), with factories given
+as callables (these modules are not importable by a "module:attribute" string).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from atlas_core.components.l2 import L2Bias
+from atlas_core.rule import ComposedRule
+from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
+
+
+class NoRetentionChunkwise(Chunkwise):
+    """A chunkwise path that forgets the retention inside chunks: differs from sequential."""
+
+    name = "broken:chunkwise"
+
+    def run_torch(self, rule, p):
+        return super().run_torch(rule, dataclasses.replace(p, alpha=torch.ones_like(p.alpha)))
+
+
+class ForgetfulChunkwise(Chunkwise):
+    """A chunkwise path that ignores the state it is given (starts every call empty)."""
+
+    name = "broken:forgetful"
+
+    def run_torch(self, rule, p):
+        B = p.v.shape[0]
+        empty = rule.init_state(B, dtype=p.v.dtype, device=p.v.device)
+        return super().run_torch(rule, dataclasses.replace(p, state=empty))
+
+
+class PeekingRule(ComposedRule):
+    """A delta rule that writes v_{t+1} at token t: it reads the future."""
+
+    def prepare(self, q, k, v, gates=None, state=None):
+        inputs = super().prepare(q, k, v, gates=gates, state=state)
+        inputs.v = torch.roll(inputs.v, shifts=-1, dims=2)  # [B, H, T, Dv]: token t sees t+1
+        return inputs
+
+
+class DetachedBias(L2Bias):
+    """The l2 bias with the prediction detached: right forward, wrong backward."""
+
+    def error(self, pred, v):
+        return pred.detach() - v
+
+
+class AscentBias(L2Bias):
+    """Gradient ascent on the l2 loss: the memory grows without bound."""
+
+    def error(self, pred, v):
+        return -20.0 * (pred - v)
+
+
+def _knobs(ctx):
+    b = ctx.registry.build
+    return (b("structure", "core:linear", path="s"), b("bias", "core:l2", path="b"),
+            b("retention", "core:decay", path="r"), b("algorithm", "core:gd", path="a"),
+            b("feature_map", "core:identity", path="f"))
+
+
+def build_peeking_rule(params, ctx):
+    return PeekingRule(*_knobs(ctx), spec={"use": "broken:peek"})
+
+
+def register_broken(registry):
+    registry.add("strategy", "chunkwise", lambda params, ctx: NoRetentionChunkwise(params),
+                 params=ChunkwiseParams, summary="chunkwise without retention (broken)")
+    registry.add("strategy", "forgetful", lambda params, ctx: ForgetfulChunkwise(params),
+                 params=ChunkwiseParams, summary="chunkwise that drops the initial state (broken)")
+    registry.add("rule", "peek", build_peeking_rule, summary="a rule that reads v_{t+1} (broken)")
+    registry.add("bias", "detached", lambda params, ctx: DetachedBias(), summary="wrong backward (broken)")
+    registry.add("bias", "ascent", lambda params, ctx: AscentBias(), summary="unstable (broken)")
+    registry.add("bias", "false_claim", lambda params, ctx: L2Bias(), summary="a reduction that is false",
+                 reductions=[{"name": "is_dot", "equals": {"bias": "core:dot"}}])
+    registry.add("bias", "malformed", lambda params, ctx: L2Bias(), summary="a malformed reduction",
+                 reductions=[{"name": "typo", "equal": {"bias": "core:l2"}}])

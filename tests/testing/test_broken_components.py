@@ -1,0 +1,104 @@
+"""Each deliberately broken component is caught, with a message that names the check, states
+the numbers and points to the contract in docs/plugins.md."""
+
+import pytest
+
+from atlas_core.testing import Case, CheckFailed, check_component
+
+from .broken_components import register_broken
+from .conftest import plugin_module
+
+
+@pytest.fixture
+def broken(host_with):
+    return host_with({"broken": plugin_module("broken_plugin_for_kit_tests", register_broken)})
+
+
+def _failed(results):
+    return {r.name: r for r in results if r.status == "failed"}
+
+
+def test_chunkwise_that_differs_from_sequential_is_caught(broken):
+    res = check_component(Case("broken:chunkwise"), on_fail="collect")
+    failed = _failed(res)
+    assert "check_strategies_match_sequential" in failed
+    msg = failed["check_strategies_match_sequential"].message
+    assert msg.startswith("check_strategies_match_sequential [broken:chunkwise] failed:")
+    assert "broken:chunkwise(chunk_size=1)" in msg and "reference=core:sequential" in msg
+    assert "max abs diff=" in msg and "tolerance=" in msg and "dtype=float64" in msg
+    assert "sizes=B=2 T=7" in msg
+    assert msg.endswith("See docs/plugins.md#check_strategies_match_sequential")
+    assert "check_gradients_match_reference" in failed
+    # what does not depend on the broken part still passes
+    statuses = {r.name: r.status for r in res}
+    assert statuses["check_resolves_by_name"] == "passed"
+    assert statuses["check_causal"] == "passed"
+
+
+def test_the_first_failure_is_raised_with_its_message(broken):
+    with pytest.raises(CheckFailed, match=r"check_strategies_match_sequential \[broken:chunkwise\]"):
+        check_component(Case("broken:chunkwise"), checks=["check_causal", "check_strategies_match_sequential"])
+
+
+def test_rule_that_peeks_at_future_tokens_is_caught(broken):
+    failed = _failed(check_component(Case("broken:peek"), on_fail="collect"))
+    assert "check_causal" in failed
+    msg = failed["check_causal"].message
+    assert "outputs before token t0=" in msg and "strategy=core:sequential" in msg
+    assert "docs/plugins.md#check_causal" in msg
+
+
+def test_strategy_that_drops_the_initial_state_is_caught(broken):
+    failed = _failed(check_component(Case("broken:forgetful"), on_fail="collect"))
+    assert "check_state_carry" in failed
+    assert "non-zero initial state" in failed["check_strategies_match_sequential"].message
+
+
+def test_wrong_backward_is_caught_by_gradcheck(broken):
+    failed = _failed(check_component(Case("broken:detached"), on_fail="collect"))
+    assert "check_gradcheck_float64" in failed
+    assert "gradcheck failed" in failed["check_gradcheck_float64"].message
+
+
+def test_unstable_rule_is_caught(broken):
+    res = check_component(Case("broken:ascent"), on_fail="collect", checks=["check_long_sequence_stable"])
+    assert res[0].status == "failed"
+    assert "non-finite" in res[0].message or "grows faster than linearly" in res[0].message
+
+
+def test_false_and_malformed_reductions_fail_naming_them(broken):
+    res = check_component(Case("broken:false_claim"), on_fail="collect", checks=["check_reductions"])
+    assert res[0].status == "failed" and "reduction 'is_dot' does not hold" in res[0].message
+    res = check_component(Case("broken:malformed"), on_fail="collect", checks=["check_reductions"])
+    assert res[0].status == "failed" and "is malformed" in res[0].message and "'equal'" in res[0].message
+
+
+def test_plugin_whose_entry_module_raises_fails_with_that_error(host_with, fake_distribution):
+    fake_distribution(dist="kaput-plugin", namespace="kaput", module="kaput_entry_mod",
+                      source="raise RuntimeError('boom at import')\n")
+    host_with()
+    res = {r.name: r for r in check_component(Case("kaput:anything"), on_fail="collect")}
+    assert set(res) == {"check_resolves_by_name", "check_entry_module_light"}
+    assert res["check_resolves_by_name"].status == "failed"
+    assert ("plugin 'kaput' (kaput-plugin 0.1, kaput_entry_mod) failed to load: RuntimeError: boom at import"
+            in res["check_resolves_by_name"].message)
+    assert res["check_entry_module_light"].status == "failed"
+    assert "RuntimeError: boom at import" in res["check_entry_module_light"].message
+    # the other plugins are unaffected
+    ok = check_component(Case("core:l2"), checks=["check_resolves_by_name"])
+    assert [r.status for r in ok] == ["passed"]
+
+
+def test_entry_module_that_imports_torch_is_caught(host_with, fake_distribution):
+    fake_distribution(dist="heavy-plugin", namespace="heavy", module="heavy_entry_mod", source="""
+        import torch
+        from atlas_core import hookimpl
+
+        @hookimpl
+        def atlas_register(registry):
+            registry.add("bias", "l2copy", "atlas_core.components.l2:build")
+    """)
+    host_with()
+    res = check_component(Case("heavy:l2copy"), on_fail="collect", checks=["check_entry_module_light"])
+    assert res[0].status == "failed"
+    assert "importing the entry module 'heavy_entry_mod' imports torch" in res[0].message
