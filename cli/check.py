@@ -69,6 +69,22 @@ def _human(data: dict[str, Any]) -> None:
     con.print(f"{verdict}: " + ", ".join(parts) + f" ({data['seconds']:.1f} s)")
 
 
+def _progress():
+    """One line per component on stderr, when stderr is a terminal (data stays on stdout)."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+    seen: set[str] = set()
+
+    def progress(case: str, name: str) -> None:
+        if case not in seen:
+            seen.add(case)
+            log(f"checking {case} ...")
+
+    return progress
+
+
 def check(
     target: Annotated[Optional[str], typer.Argument(
         help="a plugin namespace (titans) or a component name (miras:lp)")] = None,
@@ -101,7 +117,7 @@ def check(
                 raise ValueError(f"unknown check {name!r}; {hint}")
     t0 = time.perf_counter()
     cases = cases_for_target(target)
-    results = run_cases(cases, checks=only, progress=lambda case, name: None)
+    results = run_cases(cases, checks=only, progress=_progress())
     seconds = time.perf_counter() - t0
     counts = {s: 0 for s in ("passed", "failed", "xfail", "xpass", "skipped")}
     for r in results:
