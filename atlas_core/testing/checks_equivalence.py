@@ -9,10 +9,13 @@ as from the empty one, so initial-state handling is covered.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+
 import torch
 
 from . import inputs as I
-from .config import CONFIG
+from .config import CONFIG, TOLERANCES
 from .results import RULE_BEARING, Failure, Skip, register
 from .subject import SEQUENTIAL, Variant
 
@@ -189,6 +192,25 @@ def check_gradcheck_float64(subject) -> None:
                           strategy=variant.label, dtype="float64", sizes=" ".join(f"{k}={v}" for k, v in TINY.items()))
 
 
+@contextmanager
+def _forced_backend(name):
+    """Set ATLAS_BACKEND for the duration of a call (None: leave it alone)."""
+    if name is None:
+        yield
+        return
+    from atlas_core.backends import FORCE_ENV
+
+    before = os.environ.get(FORCE_ENV)
+    os.environ[FORCE_ENV] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(FORCE_ENV, None)
+        else:
+            os.environ[FORCE_ENV] = before
+
+
 REDUCTION_KEYS = {"name", "equals", "params", "gates", "atol", "summary"}
 
 
@@ -246,7 +268,7 @@ def check_reductions(subject) -> None:
 @register(
     "check_backend_matches_reference",
     "a kernel backend that is available and accepts the call computes what its strategy's PyTorch "
-    "code computes (backend = 'torch'): outputs, final state and gradients.",
+    "code computes (backend = 'torch'): outputs, final state and gradients, in float32.",
     {"backend"},
 )
 def check_backend_matches_reference(subject) -> None:
@@ -262,23 +284,33 @@ def check_backend_matches_reference(subject) -> None:
     scomp = subject.registry.get("strategy", strategy)
     fields = set(getattr(scomp.load_params(), "model_fields", {}) or {})
     base = {"use": scomp.name, **({"chunk_size": 3} if "chunk_size" in fields else {})}
-    kernel = Variant(f"{scomp.name}[{comp.name}]", {**base, "backend": comp.name}, "sequential")
-    torch_ref = Variant(f"{scomp.name}[torch]", {**base, "backend": "torch"}, "sequential")
-    rule = subject.build_rule(dtype=_dtype())
-    flat = subject.inputs(rule)
+    kernel = Variant(f"{scomp.name}[{comp.name}]", base, "sequential")
+    torch_ref = Variant(f"{scomp.name}[torch]", base, "sequential")
+    # kernels run in float32 (Triton's interpreter and most kernels have no float64 path)
+    rule = subject.build_rule(dtype=torch.float32)
+    flat = subject.inputs(rule, dtype=torch.float32)
     from atlas_core.errors import StrategyError
 
+    def call(variant, which, fn):
+        # force the backend through the strategy's `backend` param, or through ATLAS_BACKEND for
+        # a strategy without one (the dispatcher reads it on every call)
+        if "backend" in fields:
+            return fn(Variant(variant.label, {**variant.spec, "backend": which}, "sequential"))
+        with _forced_backend(which):
+            return fn(variant)
+
     try:
-        got = subject.run(rule, flat, kernel)
+        got = call(kernel, comp.name, lambda v: subject.run(rule, flat, v))
     except StrategyError as exc:
         raise Skip(f"backend {comp.name} refused the test call: {exc}")
-    want = subject.run(rule, flat, torch_ref)
-    I.compare(got, want, CONFIG.tolerance("chunked"), f"backend {comp.name} differs from the PyTorch code",
-              strategy=kernel.label, dtype=CONFIG.dtype, sizes=subject.sizes_text())
-    warm = subject.warm_state(rule)
-    _, g1 = _loss_and_grads(subject, rule, flat, kernel, warm)
-    _, g2 = _loss_and_grads(subject, rule, flat, torch_ref, warm)
+    want = call(torch_ref, "torch", lambda v: subject.run(rule, flat, v))
+    tol = TOLERANCES["float32"]
+    I.compare(got, want, tol["chunked"], f"backend {comp.name} differs from the PyTorch code",
+              strategy=kernel.label, dtype="float32", sizes=subject.sizes_text())
+    warm = subject.warm_state(rule, dtype=torch.float32)
+    _, g1 = call(kernel, comp.name, lambda v: _loss_and_grads(subject, rule, flat, v, warm))
+    _, g2 = call(torch_ref, "torch", lambda v: _loss_and_grads(subject, rule, flat, v, warm))
     keys = [k for k in g2 if g2[k] is not None and g1[k] is not None]
-    I.compare({k: g1[k] for k in keys}, {k: g2[k] for k in keys}, CONFIG.tolerance("grad"),
+    I.compare({k: g1[k] for k in keys}, {k: g2[k] for k in keys}, tol["grad"],
               f"gradients through backend {comp.name} differ from the PyTorch code",
-              strategy=kernel.label, dtype=CONFIG.dtype, sizes=subject.sizes_text())
+              strategy=kernel.label, dtype="float32", sizes=subject.sizes_text())

@@ -144,7 +144,7 @@ class Subject:
     def rule_spec(self, params: Mapping[str, Any] | None = None) -> Any:
         """The rule this subject is tested in; ``params`` update the component's own params."""
         own = {**self.params, **(params or {})}
-        if self.kind == "strategy" and not getattr(self, "_picked", False):
+        if self.kind in ("strategy", "backend") and not getattr(self, "_picked", False):
             self._picked = True
             self.pick_rule_for_strategy()
         if self.kind == "rule":
@@ -184,14 +184,17 @@ class Subject:
         return rule
 
     def pick_rule_for_strategy(self) -> None:
-        """A strategy case without ``rule``: run it on the default composition, or else on the
-        first rule preset it supports (its own namespace first), so that a strategy for one
-        family of rules (Muon, the MRU) is still exercised."""
-        if self.kind != "strategy" or self.case.rule is not None or self.rule_base is not None:
+        """A strategy (or backend) case without ``rule``: run it on the default composition, or
+        else on the first rule it supports among the registered rules (its own namespace first),
+        so that a strategy for one family of rules (Muon, the MRU) is still exercised."""
+        if self.kind not in ("strategy", "backend") or self.case.rule is not None or self.rule_base is not None:
             return
         try:
-            strat = self.registry.build("strategy", {"use": self.name, **self.params})
-        except Exception:  # noqa: BLE001 - reported by check_resolves_by_name
+            if self.kind == "strategy":
+                strat = self.registry.build("strategy", {"use": self.name, **self.params})
+            else:  # a backend runs on the rules its strategy runs
+                strat = self.registry.build("strategy", self.component.extra["strategy"])
+        except Exception:  # noqa: BLE001 - reported by check_resolves_by_name / the backend check
             return
         presets = sorted(
             (c for c in self.registry.all("rule")),
