@@ -184,9 +184,10 @@ class Subject:
         return rule
 
     def pick_rule_for_strategy(self) -> None:
-        """A strategy (or backend) case without ``rule``: run it on the default composition, or
-        else on the first rule it supports among the registered rules (its own namespace first),
-        so that a strategy for one family of rules (Muon, the MRU) is still exercised."""
+        """A strategy (or backend) case without ``rule``: run it on the default composition, or a
+        simpler core composition (gd instead of momentum, then without retention), or else the
+        first registered rule it supports (its own namespace first), so that a strategy for one
+        family of rules (an exact delta-rule form, Muon, the MRU) is still exercised."""
         if self.kind not in ("strategy", "backend") or self.case.rule is not None or self.rule_base is not None:
             return
         try:
@@ -200,7 +201,12 @@ class Subject:
             (c for c in self.registry.all("rule")),
             key=lambda c: (c.namespace != self.component.namespace, c.name),
         )
-        candidates = [DEFAULT_COMPOSITION] + [c.name for c in presets]
+        core_variants = [  # the default composition, then simpler core ones (a gd-only form, ...)
+            DEFAULT_COMPOSITION,
+            {**DEFAULT_COMPOSITION, "algorithm": "core:gd"},
+            {**DEFAULT_COMPOSITION, "algorithm": "core:gd", "retention": "core:none"},
+        ]
+        candidates = core_variants + [c.name for c in presets]
         for base in candidates:
             try:
                 spec = {"use": base} if isinstance(base, str) else dict(base)
