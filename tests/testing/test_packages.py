@@ -78,3 +78,28 @@ def test_a_scaffolded_plugin_installs_and_passes_the_kit_as_generated(venv, tmp_
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
     assert "30 passed" in summary, summary  # 2 cases x 15 checks, none skipped
+
+
+def _installed(dist: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(dist)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _installed("atlas-miras"), reason="atlas-miras is not installed in this environment "
+                    "(CI installs it with `pip install ./packages/atlas-miras`)")
+def test_installed_miras_plugin_loads_and_resolves_every_component():
+    from atlas_core.host.manager import get_host
+    from atlas_core.testing import cases_for_target, run_cases
+
+    rec = get_host().records["miras"]
+    assert rec.status == "ok" and rec.distribution == "atlas-miras", rec.error
+    assert {"miras:lp", "miras:huber", "miras:lq", "miras:kl", "miras:moneta", "miras:yaad",
+            "miras:memora"} == set(rec.components)
+    results = run_cases(cases_for_target("miras"),
+                        checks=["check_resolves_by_name", "check_entry_module_light", "check_reductions"])
+    assert results and all(r.status == "passed" for r in results), [r.message for r in results if r.status != "passed"]
