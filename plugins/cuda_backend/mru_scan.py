@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_linear import precision_for
+
 MAX_D = 64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -167,7 +169,7 @@ class MRUScanFn(torch.autograd.Function):
     def forward(ctx, X, h0, chunk: int):
         B, Hh, T, d, _ = X.shape
         BH, NT, BD = B * Hh, triton.cdiv(T, chunk), _block(d)
-        prec = "ieee" if X.dtype == torch.float32 else "tf32"
+        prec = precision_for(X.dtype)
         f32 = dict(dtype=torch.float32, device=X.device)
         Xf = X.reshape(BH, T, d, d).contiguous()
         h0f = h0.reshape(BH, d, d).float().contiguous() if h0 is not None else Xf
