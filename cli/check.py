@@ -119,7 +119,9 @@ def check(
     cases = cases_for_target(target)
     results = run_cases(cases, checks=only, progress=_progress())
     seconds = time.perf_counter() - t0
-    counts = {s: 0 for s in ("passed", "failed", "xfail", "xpass", "skipped")}
+    from atlas_core.testing.results import STATUSES
+
+    counts = {s: 0 for s in STATUSES}
     for r in results:
         counts[r.status] += 1
     data = {

@@ -13,7 +13,7 @@ import torch
 
 from . import inputs as I
 from .config import CONFIG
-from .results import RULE_BEARING, Failure, Skip, register
+from .results import RULE_BEARING, Failure, register
 
 
 def _dtype():

@@ -12,7 +12,7 @@ No torch here: the catalogue can be listed (`atlas check --list`, the docs meta-
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 DOCS = "docs/plugins.md"
@@ -148,17 +148,3 @@ def register(
 
     return deco
 
-
-@dataclass
-class Summary:
-    results: list[CheckResult] = field(default_factory=list)
-
-    def counts(self) -> dict[str, int]:
-        out = {s: 0 for s in STATUSES}
-        for r in self.results:
-            out[r.status] += 1
-        return out
-
-    @property
-    def ok(self) -> bool:
-        return all(r.status != "failed" for r in self.results)

@@ -4,7 +4,6 @@
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from atlas_cli import check as check_cmd
