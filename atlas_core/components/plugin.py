@@ -44,3 +44,7 @@ def atlas_register(registry):
         module, _, attr = cls.partition(":")
         add("task", name, f"{_T}.{cls}", params=f"{_T}.{module}:{attr.replace('Task', 'Params')}",
             summary=summary)
+    add("strategy", "exact_chunk", "atlas_core.strategies.exact_chunk:build",
+        params="atlas_core.strategies.exact_chunk:ExactChunkParams",
+        summary="gd + l2 on linear memory (delta rule, decay), exact for any chunk size (WY/UT)",
+        priority=5)
