@@ -20,9 +20,10 @@ from atlas_core.backends import Backend
 
 from .availability import tensors_runnable, triton_available
 
-MAX_HEAD_DIM = 128
-MAX_CHUNK = 64
-MAX_EXTENDED = 128
+# the kernel's limits (chunk_linear.py uses the same): sizes after padding to a power of two
+MAX_HEAD_DIM = 128  # Dk (Dphi) and Dv
+MAX_CHUNK = 64  # C
+MAX_EXTENDED = 128  # C + c - 1, the rows of one chunk with its Omega look-back
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

@@ -22,18 +22,15 @@ states stay float32. Gradients flow to every tensor argument (lag included).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 
+from .backend_chunk import DTYPES, MAX_CHUNK, MAX_EXTENDED, MAX_HEAD_DIM
+
 TF32_ENV = "ATLAS_TRITON_TF32"
-MAX_HEAD_DIM = 128  # Dk, Dv after padding to a power of two
-MAX_CHUNK = 64  # C
-MAX_EXTENDED = 128  # C + c - 1 after padding (the window's extended rows of one chunk)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def precision_for(dtype: torch.dtype) -> str:

@@ -37,8 +37,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-GATE_FLOOR = 1e-30
-
 
 @triton.jit
 def chunk_coefficients(
