@@ -134,6 +134,16 @@ def test_verifier_refusals_give_reasons():
     assert "not a linear" in _refusal(soft)
 
 
+def test_verifier_refuses_int32_overflow():
+    rule = make_rule("l2", "gd", "after", 1, d=8)
+    p = rule.prepare(*_inputs(rule))
+    # expanded views: the shape of 2**33 elements (B * H * T * 16 padded D) without the memory
+    p.psi = p.psi[:, :, :1].expand(1 << 14, H, 1 << 14, 8)
+    p.v = p.v[:, :, :1].expand(1 << 14, H, 1 << 14, 8)
+    ok, why = ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=4)), rule, p)
+    assert not ok and "int32 offsets" in why
+
+
 def test_verifier_accepts_the_largest_sizes():
     rule = make_rule("dot", "momentum", "before", 16, d=128)
     p = rule.prepare(*_inputs(rule, d=128))
