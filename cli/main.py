@@ -31,6 +31,10 @@ COMMAND_MODULES: tuple[str, ...] = (
     "atlas_cli.spec",  # atlas spec validate|show
     "atlas_cli.build",  # atlas build FILE
     "atlas_cli.env",  # atlas env
+    "atlas_cli.train",  # atlas train [SPEC]
+    "atlas_cli.evaluate",  # atlas eval CKPT
+    "atlas_cli.generate",  # atlas generate CKPT
+    "atlas_cli.compare",  # atlas compare SPEC...
     "atlas_cli.check",  # atlas check NAME... (the conformance kit)
     "atlas_cli.scaffold",  # atlas plugins new NAME
 )

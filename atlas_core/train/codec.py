@@ -1,0 +1,49 @@
+"""Text <-> token ids for a trained checkpoint, without the training file.
+
+A checkpoint of a ``text`` task records its mode and, in char mode, its vocabulary (the distinct
+characters in id order), so prompts can be encoded and samples decoded anywhere:
+
+- ``byte``: ids are the UTF-8 bytes (256 ids); decoding replaces invalid sequences with U+FFFD;
+- ``char``: id ``i`` is ``vocab[i]``; a prompt character outside the vocabulary is an error that
+  names it.
+
+Synthetic tasks (mqar, copy, ...) have no text form: their prompts are token ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    mode: str  # "byte" | "char"
+    vocab: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_task_meta(cls, meta: Mapping[str, Any] | None) -> "TextCodec | None":
+        """The codec of a checkpoint's ``meta["task"]``, or None for a task without text."""
+        text = (meta or {}).get("text")
+        if not text:
+            return None
+        vocab = text.get("vocab")
+        return cls(text["mode"], tuple(vocab) if vocab is not None else None)
+
+    def encode(self, text: str) -> list[int]:
+        if self.mode == "byte":
+            return list(text.encode("utf-8"))
+        index = {ch: i for i, ch in enumerate(self.vocab or ())}
+        missing = sorted({ch for ch in text if ch not in index})
+        if missing:
+            raise ValueError(
+                f"--prompt: characters {''.join(missing)!r} are not in the model's character "
+                f"vocabulary ({len(index)} characters of its training text); remove them"
+            )
+        return [index[ch] for ch in text]
+
+    def decode(self, ids: list[int]) -> str:
+        if self.mode == "byte":
+            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        vocab = self.vocab or ()
+        return "".join(vocab[i] if 0 <= i < len(vocab) else "\ufffd" for i in ids)

@@ -1,0 +1,158 @@
+"""Using a checkpoint: evaluate it on a task, generate from it (``atlas eval``, ``atlas generate``).
+
+The model is rebuilt from the checkpoint's own resolved spec and its weights are loaded from
+safetensors (`load_checkpoint` verifies every file first).
+
+Task selection for evaluation (`eval_task`):
+- no task: the training task, with the training params (vocab size and length included);
+- the training task's name, optionally with params: the training params updated with them (e.g.
+  ``{use = "mqar", num_pairs = 16, seq_len = 128}`` to test longer recall);
+- another task: its defaults, with ``vocab_size`` from the model.
+A text task is evaluated on its held-out split; in char mode its vocabulary must be the
+checkpoint's (otherwise ids would mean other characters).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Any
+
+import torch
+
+from ..errors import Issue, SpecError
+from ..host.registry import split_use
+from .checkpoint import Checkpoint, load_checkpoint
+from .codec import TextCodec
+from .evaluate import build_task, evaluate, held_out
+from .setup import resolve_device
+
+
+def parse_task_option(value: str | None) -> Any:
+    """``--task``: a name (``mqar``) or an inline TOML table (``{use = "mqar", num_pairs = 4}``)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            return tomllib.loads(f"task = {text}")["task"]
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(
+                f"--task {value!r} is not an inline TOML table ({exc}); write e.g. "
+                "--task '{use = \"mqar\", num_pairs = 4}'"
+            ) from None
+    return text
+
+
+def open_checkpoint(path: str, device: str = "auto") -> tuple[Checkpoint, torch.nn.Module, str]:
+    """``(checkpoint, model with its weights in eval mode, device)``."""
+    from ..model import build_model
+
+    ckpt = load_checkpoint(path)
+    dev = resolve_device(device)
+    model = build_model(ckpt.spec)
+    ckpt.load_model(model)
+    return ckpt, model.to(dev).eval(), dev
+
+
+def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
+    """The task to evaluate ``ckpt`` on (see the module docstring)."""
+    from ..host.manager import get_registry
+
+    vocab = int(ckpt.spec.model.get("vocab_size", 0))
+    trained = ckpt.meta.get("task") or {}
+    trained_use = trained.get("use")
+    if task is None:
+        table = {"use": trained_use, **trained.get("params", {})}
+    else:
+        name, raw = split_use(task, "--task")
+        comp = get_registry().get("task", name, "--task")
+        if comp.name == trained_use:
+            table = {"use": comp.name, **trained.get("params", {}), **raw}
+        else:
+            table = {"use": comp.name, **raw}
+    if table.get("use") is None:
+        raise SpecError([Issue("--task", "the checkpoint records no task; name one", None,
+                               "e.g. --task mqar")])
+    built = held_out(build_task(table, vocab, seq_len))
+    codec = TextCodec.from_task_meta(trained)
+    if getattr(built, "name", "") == "text" and built.params.mode == "char":
+        if codec is None or codec.vocab != tuple(built.vocab):
+            raise SpecError([Issue(
+                "--task", "this char-level text has another character vocabulary than the "
+                "checkpoint's training text, so its ids would mean other characters", built.params.path,
+                "evaluate on the training file, or train in byte mode")])
+    return built
+
+
+def evaluate_checkpoint(path: str, *, task: Any = None, seq_len: int | None = None,
+                        batches: int = 8, batch_size: int = 32, seed: int = 0,
+                        device: str = "auto") -> dict[str, Any]:
+    ckpt, model, dev = open_checkpoint(path, device)
+    built = eval_task(ckpt, task, seq_len)
+    result = evaluate(model, built, batches=batches, batch_size=batch_size, seed=seed, device=dev)
+    return {"checkpoint": str(ckpt.path), "step": ckpt.step, "name": ckpt.spec.name,
+            "task": built.describe(), **result}
+
+
+def parse_ids(text: str) -> list[int]:
+    """``--prompt-ids``: integers separated by commas and/or spaces."""
+    parts = [p for p in text.replace(",", " ").split() if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--prompt-ids {text!r}: give integers separated by commas or spaces") from None
+
+
+def generate_from_checkpoint(
+    path: str, *, prompt: str | None = None, prompt_ids: list[int] | None = None,
+    max_new_tokens: int = 64, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None, greedy: bool = False, seed: int = 0, device: str = "auto",
+) -> dict[str, Any]:
+    if (prompt is None) == (prompt_ids is None):
+        raise ValueError("give exactly one of --prompt TEXT or --prompt-ids IDS")
+    ckpt, model, dev = open_checkpoint(path, device)
+    codec = TextCodec.from_task_meta(ckpt.meta.get("task"))
+    if prompt is not None:
+        if codec is None:
+            task = (ckpt.meta.get("task") or {}).get("use", "?")
+            raise ValueError(
+                f"this checkpoint was trained on {task}, whose tokens are ids, not text; pass "
+                "--prompt-ids, e.g. --prompt-ids '3 17 5'"
+            )
+        ids = codec.encode(prompt)
+    else:
+        ids = list(prompt_ids or [])
+    if not ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    vocab = model.vocab_size
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"--prompt-ids: {bad[:5]} outside [0, {vocab}) (the model's vocab_size)")
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    usable = len(codec.vocab) if codec is not None and codec.vocab is not None else vocab
+    new = _sample(model, torch.tensor([ids], device=dev), max_new_tokens, usable,
+                  temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=gen)
+    result: dict[str, Any] = {"checkpoint": str(ckpt.path), "step": ckpt.step,
+                              "prompt_ids": ids, "ids": new}
+    if codec is not None:
+        result["prompt"] = codec.decode(ids)
+        result["text"] = codec.decode(new)
+    return result
+
+
+@torch.no_grad()
+def _sample(model, prompt: torch.Tensor, max_new_tokens: int, usable: int, **sampling) -> list[int]:
+    """`MemoryLM.generate`'s incremental loop, restricted to the first ``usable`` ids: a char-level
+    model may have more ids than its text has characters, and those ids mean nothing."""
+    from ..model import sample_next
+
+    logits, state = model.step(prompt, None)
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        last = logits[:, -1].float()
+        if usable < last.shape[-1]:
+            last[:, usable:] = float("-inf")
+        nxt = sample_next(last, **sampling)
+        new.append(int(nxt[0]))
+        logits, state = model.step(nxt[:, None], state)
+    return new

@@ -1,0 +1,59 @@
+"""``atlas compare SPEC...``: train several specs on the same task setting, print one table."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .common import FormatOption, emit, examples, log, out_console
+
+
+def human(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{rows[0]['task']}, {rows[0]['steps']} steps" if rows else "")
+    for col, justify in (("spec", "left"), ("rule", "left"), ("memory/layer", "right"),
+                         ("state/layer", "right"), ("params", "right"), ("accuracy", "right"),
+                         ("eval loss", "right"), ("time (s)", "right")):
+        table.add_column(col, justify=justify)
+    for r in rows:
+        table.add_row(r["name"], r["rule"], f"{r['memory']:,}", f"{r['state']:,}",
+                      f"{r['params']:,}", f"{r['accuracy']:.3f}", f"{r['eval_loss']:.3f}",
+                      f"{r['time_s']:.0f}")
+    out_console().print(table)
+
+
+def compare(
+    specs: Annotated[list[str], typer.Argument(help="spec files (.toml) to train and compare")],
+    task: Annotated[Optional[str], typer.Option("--task", help="the task for every spec: a name or inline TOML table (default: the specs' own, which must agree)")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="optimizer steps for every spec")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="batch size for every spec")] = None,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="seed for every spec")] = 0,
+    out: Annotated[Optional[str], typer.Option("--out", help="directory for the runs (default: a temporary one)")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="print the table as Markdown")] = False,
+    fmt: FormatOption = None,
+) -> None:
+    """Train several specs on one task setting and print one comparison table."""
+    from atlas_core.train.compare import compare as run_compare
+    from atlas_core.train.compare import markdown_table
+    from atlas_core.train.inference import parse_task_option
+
+    def progress(row):
+        log(f"{row['name']}: {row['rule']}, accuracy {row['accuracy']:.3f} in {row['time_s']:.0f} s")
+
+    rows = run_compare(specs, task=parse_task_option(task), steps=steps, batch_size=batch_size,
+                       seed=seed, out=out, on_row=progress)
+    if markdown:
+        out_console().print(markdown_table(rows), markup=False, highlight=False)
+        return
+    emit(rows, fmt, human)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "compare",
+        epilog=examples(
+            "atlas compare examples/mqar_delta.toml examples/mqar_hebbian.toml --steps 500",
+        ),
+    )(compare)
