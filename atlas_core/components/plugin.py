@@ -25,7 +25,9 @@ def atlas_register(registry):
         capabilities=("chunk",))
     add("algorithm", "momentum", f"{_C}.momentum:build",
         summary="Z_t = eta_t Z_{t-1} + theta_t g_t; M_t = alpha_t M_{t-1} - Z_t (Titans)",
-        capabilities=("chunk",))
+        capabilities=("chunk",),
+        reductions=[{"name": "eta0_is_gd", "gates": {"eta": 0.0},
+                     "equals": {"algorithm": "core:gd"}}])
     add("feature_map", "identity", f"{_C}.identity:build", summary="phi(x) = x")
     add("strategy", "sequential", "atlas_core.strategies.sequential:build",
         summary="the reference: the rule's token-by-token loop", priority=0)
@@ -47,4 +49,4 @@ def atlas_register(registry):
     add("strategy", "exact_chunk", "atlas_core.strategies.exact_chunk:build",
         params="atlas_core.strategies.exact_chunk:ExactChunkParams",
         summary="gd + l2 on linear memory (delta rule, decay), exact for any chunk size (WY/UT)",
-        priority=5)
+        capabilities=("exact",), priority=5)

@@ -293,8 +293,11 @@ class NamespacedRegistry:
         )
         return self._registry.add(comp)
 
-    def add_preset(self, name: str, knobs: Mapping[str, Any], *, summary: str = "") -> Component:
-        """A rule preset: default knob values that a spec may override key by key."""
+    def add_preset(
+        self, name: str, knobs: Mapping[str, Any], *, summary: str = "", **extra: Any
+    ) -> Component:
+        """A rule preset: default knob values that a spec may override key by key. ``extra``
+        carries declarations such as the conformance kit's ``check_cases`` and ``reductions``."""
         return self.add(
             "rule",
             name,
@@ -302,4 +305,5 @@ class NamespacedRegistry:
             summary=summary,
             capabilities=("preset",),
             knobs=dict(knobs),
+            **extra,
         )
