@@ -105,6 +105,9 @@ class PluginHost:
             self.records[ep.name] = rec
             if ep.name in disabled:
                 rec.status = "disabled"
+                self.registry.mark_unavailable(
+                    ep.name, f"is disabled by {DISABLE_ENV}; remove {ep.name!r} from that variable "
+                    "to use it")
                 continue
             t0 = time.perf_counter()
             try:
@@ -171,6 +174,9 @@ class PluginHost:
     def _fail(self, rec: PluginRecord, exc: BaseException) -> None:
         rec.status = "failed"
         rec.error = f"{type(exc).__name__}: {exc}"
+        first_line = rec.error.splitlines()[0] if rec.error else ""
+        self.registry.mark_unavailable(
+            rec.namespace, f"failed to load ({first_line[:200]}); see `atlas plugins doctor`")
         rec.traceback = "".join(traceback.format_exception(exc))
         if self.strict:
             raise PluginError(

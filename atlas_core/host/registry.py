@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -110,23 +111,45 @@ class Component:
         try:
             return model.model_validate(dict(raw))
         except ValidationError as exc:
-            raise SpecError(_issues_from_validation(exc, path, model)) from None
+            raise SpecError(validation_issues(exc, path, model)) from None
 
 
-def _issues_from_validation(exc: ValidationError, path: str, model: type[BaseModel]) -> list[Issue]:
+def _submodel(model: Any, loc: tuple) -> Any:
+    """The params model that owns the last key of ``loc``: ``model`` itself for a top-level key,
+    the nested model for a key inside a nested table (``gate_bias.alfa``), None if unknown."""
+    for part in loc[:-1]:
+        fields = getattr(model, "model_fields", {})
+        field = fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def validation_issues(exc: ValidationError, path: str, model: Any) -> list[Issue]:
+    """Pydantic errors as `Issue`s at their dotted paths under ``path``.
+
+    The one implementation used for every params model (component params through
+    `Component.validate`, the ``[layer]`` table through the spec resolver): an unknown key's
+    "did you mean" comes from the keys of the table it was written in, nested tables included.
+    """
     issues = []
-    fields = list(model.model_fields)
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        full = f"{path}.{loc}" if path and loc else (path or loc)
-        hint = None
+        loc = tuple(err["loc"])
+        where = ".".join(str(p) for p in (path, *loc) if p != "")
         if err["type"] == "extra_forbidden":
-            key = str(err["loc"][-1])
-            hint = did_you_mean(key, fields) or f"allowed keys: {', '.join(fields) or 'none'}"
-            msg = "unknown key"
+            owner = _submodel(model, loc)
+            fields = list(getattr(owner, "model_fields", {}))
+            hint = did_you_mean(str(loc[-1]), fields) or (
+                f"allowed keys: {', '.join(fields)}" if fields else None)
+            issues.append(Issue(where, "unknown key", err.get("input"), hint))
         else:
-            msg = err["msg"]
-        issues.append(Issue(full, msg, err.get("input"), hint))
+            # pydantic's "Value error, " prefix says nothing to a user
+            msg = err["msg"].removeprefix("Value error, ")
+            issues.append(Issue(where, msg, err.get("input")))
     return issues
 
 
@@ -163,6 +186,14 @@ class Registry:
 
     def __init__(self) -> None:
         self._items: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        # namespaces whose plugin is installed but provides nothing: namespace -> why (disabled
+        # by the environment, failed to load); a missing name in one says so instead of "not
+        # installed"
+        self.unavailable: dict[str, str] = {}
+
+    def mark_unavailable(self, namespace: str, reason: str) -> None:
+        """Record that ``namespace``'s plugin is present but did not register (the host calls it)."""
+        self.unavailable[namespace] = reason
 
     # -- registration -------------------------------------------------------------------------
     def add(self, component: Component) -> Component:
@@ -227,6 +258,8 @@ class Registry:
         ns = name.split(":", 1)[0] if ":" in name else None
         installed = {c.namespace for k in KINDS for c in self._items[k].values()}
         if ns and ns not in installed:
+            if ns in self.unavailable:
+                return f"namespace {ns!r} {self.unavailable[ns]}"
             dist = KNOWN_DISTRIBUTIONS.get(ns)
             if dist:
                 return f"namespace {ns!r} is not installed; it is provided by {dist}"

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ..errors import Issue, SpecError, did_you_mean
-from ..host.registry import Registry
+from ..host.registry import Registry, validation_issues
 from .memory import plain, resolve_memory
 from .model import SCHEMA, TOP_LEVEL_KEYS, Spec
 from .toml_io import SpecFileError, load_file, loads
@@ -56,37 +55,6 @@ def _registry(registry: Registry | None) -> Registry:
     from ..host.manager import get_registry
 
     return get_registry()
-
-
-def _submodel(model: Any, loc: tuple) -> Any:
-    """The params model that owns the last key of ``loc`` (nested tables such as gate_bias)."""
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part) if isinstance(part, str) else None
-        if field is None:
-            return None
-        candidates = [field.annotation, *typing.get_args(field.annotation)]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return None
-    return model
-
-
-def validation_issues(exc: ValidationError, path: str, model: Any) -> list[Issue]:
-    """Pydantic errors as `Issue`s; an unknown key's hint lists the keys of its own table."""
-    issues = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        where = ".".join(str(p) for p in (path, *loc) if p != "")
-        if err["type"] == "extra_forbidden":
-            owner = _submodel(model, loc)
-            fields = list(getattr(owner, "model_fields", {}))
-            hint = did_you_mean(str(loc[-1]), fields) or (
-                f"allowed keys: {', '.join(fields)}" if fields else None)
-            issues.append(Issue(where, "unknown key", err.get("input"), hint))
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            issues.append(Issue(where, msg, err.get("input")))
-    return issues
 
 
 def _validate_params(model: Any, table: Mapping[str, Any], path: str, issues: list[Issue]):
@@ -217,5 +185,5 @@ def load_spec(source: Any, *, registry: Registry | None = None) -> Spec:
     )
 
 
-__all__ = ["SpecFileError", "load_spec", "resolve_spec", "resolve_model", "resolve_layer",
+__all__ = ["SpecFileError", "load_spec", "validation_issues", "resolve_spec", "resolve_model", "resolve_layer",
            "resolve_train"]
