@@ -99,7 +99,7 @@ def test_components_list_kind_and_pattern(host):
     assert {"core:sequential", "core:chunkwise", "toy:picky"} <= names
     assert {r["kind"] for r in rows} == {"strategy"}
     rows = as_json(invoke(["--format", "json", "components", "list", "strategy", "core:*"]))
-    assert {r["name"] for r in rows} == {"core:sequential", "core:chunkwise"}
+    assert {r["name"] for r in rows} == {"core:sequential", "core:chunkwise", "core:exact_chunk"}
     rows = as_json(invoke(["--format", "json", "components", "list", "toy:*"]))  # a pattern alone
     assert {r["name"] for r in rows} == {"toy:lm", "toy:delta", "toy:solo", "toy:picky"}
     bad = invoke(["components", "list", "strategie"])
