@@ -58,6 +58,26 @@ def window_matrix(gamma_ext: torch.Tensor, lag: torch.Tensor, n: int) -> torch.T
     return band * gamma_ext.unsqueeze(-2)
 
 
+def _window_chunks(x: torch.Tensor, C: int, c: int, T: int) -> tuple[torch.Tensor, ...]:
+    """The chunks of a window-extended sequence ``x: [B, H, T + c - 1, ...]``: chunk i covers
+    extended positions ``iC .. min(iC + C, T) + c - 2`` (its c - 1 predecessors, then its tokens),
+    each ``[B, H, n_i + c - 1, ...]``. One split (c = 1) or one unfold (overlapping, c > 1)."""
+    if c == 1 or T == 0:
+        return x.split(C, dim=2)
+    N = -(-T // C)
+    pad = N * C + c - 1 - x.shape[2]  # the last chunk may be short: pad, then cut it back
+    if pad:
+        x = torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], dim=2)
+    win = x.unfold(2, C + c - 1, C)  # [B, H, N, ..., C + c - 1]
+    if win.dim() > 4:
+        win = win.movedim(-1, 3)  # [B, H, N, C + c - 1, d]
+    chunks = list(win.unbind(2))
+    last = T - (N - 1) * C
+    if last < C:
+        chunks[-1] = chunks[-1].narrow(2, 0, last + c - 1)
+    return tuple(chunks)
+
+
 def _shift_rows(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """Rows for M_{t-1}: drop the last row, put ``first`` (M_{-1}'s row) on top (dim 2)."""
     return torch.cat([first, x[:, :, :-1]], dim=2)
@@ -110,19 +130,25 @@ class Chunkwise(Strategy):
         xk, xv, xg = rule._extended(p)
         lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
         fast = self.fast_path(rule)
+        # Per-chunk pieces are cut by one op per tensor (split / unfold), not by slicing inside the
+        # loop: the backward of a slice writes a zero gradient as long as the whole sequence, so
+        # T / C slices would cost O(T^2 / C); split's and unfold's backward is one op each.
+        psi_c = p.psi.split(C, dim=2)
+        alpha_c = p.alpha.split(C, dim=2)
+        gates_c = {k: g.split(C, dim=2) for k, g in p.gates.items()}
+        xk_c, xv_c, xg_c = (_window_chunks(x, C, c, T) for x in (xk, xv, xg))
         ys = []
-        for s in range(0, T, C):
-            e = min(s + C, T)
-            n = e - s
-            xe, ve = xk[:, :, s : e + c - 1], xv[:, :, s : e + c - 1]  # [B, H, n + c - 1, .]
-            Wm = window_matrix(xg[:, :, s : e + c - 1], lag, n)  # [B, H, n, n + c - 1]
-            alpha = p.alpha[:, :, s:e]
-            gates = {k: g[:, :, s:e] for k, g in p.gates.items()}
+        for i in range(-(-T // C)):  # no chunk at all when T = 0
+            n = psi_c[i].shape[2]
+            xe, ve = xk_c[i], xv_c[i]  # [B, H, n + c - 1, .]
+            Wm = window_matrix(xg_c[i], lag, n)  # [B, H, n, n + c - 1]
+            alpha = alpha_c[i]
+            gates = {k: g[i] for k, g in gates_c.items()}
             L = decay_matrix(alpha)  # [B, H, n, n]
             A = torch.cumprod(alpha, dim=-1)  # [B, H, n]
             U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
             step = self._linear_chunk if fast else self._generic_chunk
-            y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, p.psi[:, :, s:e])
+            y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i])
             ys.append(y)
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         return y, rule._final_state(W, opt, xk, xv, xg)
