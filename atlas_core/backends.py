@@ -1,7 +1,8 @@
 """Kernel backends: where a strategy runs (PyTorch reference, Triton, CUDA).
 
 Modelled on flash-linear-attention's backend dispatcher. A backend is a registered component of
-kind ``backend`` whose ``extra["strategy"]`` names the strategy it accelerates. It has a name, a
+kind ``backend`` whose ``extra["strategy"]`` names the strategy it accelerates (or whose
+``extra["strategies"]`` lists several). It has a name, a
 priority, an availability probe, and a per-call verifier returning ``(ok, reason)``. The
 strategy's own PyTorch code is always the fallback.
 
@@ -54,7 +55,11 @@ def backends_for(strategy_name: str, registry=None):
         from .host.manager import get_registry
 
         registry = get_registry()
-    comps = [c for c in registry.all("backend") if c.extra.get("strategy") == strategy_name]
+    def serves(c) -> bool:
+        names = set(c.extra.get("strategies", ())) | {c.extra.get("strategy")}
+        return strategy_name in names
+
+    comps = [c for c in registry.all("backend") if serves(c)]
     return registry, sorted(comps, key=lambda c: (-c.priority, c.name))
 
 

@@ -2,9 +2,9 @@
 
 - backend ``cuda:chunk_linear`` serves ``core:chunkwise`` (linear memory, l2/dot bias with an
   optional Omega window, gd/momentum, linear retention, read after/before);
-- backend ``cuda:mru_scan`` serves the MRU's product scan (``mru:brent_kung``, the MRU's default
-  scan; the kernel computes the same products as ``mru:sklansky`` / ``mru:hillis_steele``, listed
-  in the ``strategies`` extra, but a backend entry names a single strategy).
+- backend ``cuda:mru_scan`` serves the MRU's product scans (``mru:brent_kung``, ``mru:sklansky``,
+  ``mru:hillis_steele``, listed in the ``strategies`` extra): the kernel computes the same
+  products whichever scan order was asked for.
 
 Each backend is available when Triton imports and a CUDA device is present, or when
 ``TRITON_INTERPRET=1`` runs the kernels in Triton's CPU interpreter. ``ATLAS_DISABLE_BACKENDS``
