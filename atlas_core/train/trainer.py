@@ -337,8 +337,14 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
 
     env = distributed.from_env()
     if env is not None:
+        # Every rank checks the inputs before the rendezvous (init returns only when all ranks
+        # have joined, so no rank can see a directory that rank 0 already started writing);
+        # then all ranks take rank 0's choice of run directory.
         plan = make_plan(opts, world=env.world)
         distributed.init(env, plan.device)
+        chosen = [str(plan.run_dir)]
+        torch.distributed.broadcast_object_list(chosen, src=0)
+        plan.run_dir = Path(chosen[0])
         try:
             return Trainer(plan, env, on_step, progress=opts.progress).run()
         finally:

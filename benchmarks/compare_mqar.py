@@ -1,0 +1,58 @@
+"""Train the MQAR comparison specs on one setting and print the table of docs/mqar_comparison.md.
+
+    OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py                       # the committed table
+    python benchmarks/compare_mqar.py --steps 1500 --task '{use = "mqar", num_pairs = 16, seq_len = 128}'
+
+Every spec in ``benchmarks/mqar/`` (or the ones named with ``--spec``) trains with the same task,
+steps, batch size and seed; the output is a Markdown table (rule, memory and state floats per
+layer, parameters, held-out accuracy, eval loss, training time) followed by the command line and
+the machine it ran on. Same as ``atlas compare SPEC... --markdown``, with the default spec list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_SPECS = ["delta", "hebbian", "titans", "titans_half"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", action="append", help="a spec file (repeatable); default: benchmarks/mqar/*")
+    ap.add_argument("--task", help="inline TOML table of the task (default: the specs' own)")
+    ap.add_argument("--steps", type=int, help="optimizer steps per spec (default: the specs' own)")
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", help="directory for the runs (default: a temporary one)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from atlas_core.train.compare import compare, markdown_table
+    from atlas_core.train.inference import parse_task_option
+
+    specs = args.spec or [str(HERE / "mqar" / f"{name}.toml") for name in DEFAULT_SPECS]
+    start = time.time()
+
+    def progress(row):
+        print(f"{row['name']}: {row['rule']} accuracy {row['accuracy']:.3f} "
+              f"({row['time_s']:.0f} s)", file=sys.stderr, flush=True)
+
+    rows = compare(specs, task=parse_task_option(args.task), steps=args.steps,
+                   batch_size=args.batch_size, seed=args.seed, out=args.out, on_row=progress)
+    print(f"Task: `{rows[0]['task']}`, {rows[0]['steps']} steps, seed {args.seed}.\n")
+    print(markdown_table(rows))
+    threads = torch.get_num_threads()
+    print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"{threads} intra-op thread{'s' if threads != 1 else ''}; total {time.time() - start:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
