@@ -1,7 +1,10 @@
 """``atlas spec validate|show``: check TOML specs and print them resolved.
 
-Validation builds the memory rule without sizes (no tensors) to run every composition check; it
-imports torch but no kernels.
+Validation resolves the spec (which builds the memory rule without sizes to run every composition
+check), then builds the model on the ``meta`` device (shapes only, no memory) so that the checks an
+architecture makes when it is built are reported too: a memory rule it cannot host, sizes a layer
+refuses (an MRU head size that is not a perfect square, a deep memory whose residual cannot add).
+A spec that validates therefore builds. It imports torch but no kernels.
 """
 
 from __future__ import annotations
@@ -43,8 +46,27 @@ def validate_file(path: str) -> dict[str, Any]:
     except (AtlasError, ValueError) as exc:  # e.g. a factory that refused its params
         row["errors"] = [_issue_dict(Issue("", str(exc)))]
         return row
-    row.update(ok=True, name=spec.name, arch=spec.arch, spec_hash=spec.spec_hash)
+    row.update(name=spec.name, arch=spec.arch, spec_hash=spec.spec_hash)
+    try:
+        _build_on_meta(spec)
+    except SpecError as exc:
+        row["errors"] = [_issue_dict(i) for i in exc.issues]
+        return row
+    except (AtlasError, ValueError) as exc:
+        row["errors"] = [_issue_dict(Issue("model", f"the model does not build: {exc}"))]
+        return row
+    row["ok"] = True
     return row
+
+
+def _build_on_meta(spec) -> None:
+    """Build the model without allocating memory: the architecture's own checks run."""
+    import torch
+
+    from atlas_core.model import build_model
+
+    with torch.device("meta"):
+        build_model(spec)
 
 
 @spec_app.command(

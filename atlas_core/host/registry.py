@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import Issue, PluginError, SpecError, UnknownComponentError, did_you_mean
+from ..errors import AtlasError, Issue, PluginError, SpecError, UnknownComponentError, did_you_mean
 
 KINDS = (
     "structure",
@@ -114,19 +115,38 @@ class Component:
             raise SpecError(validation_issues(exc, path, model)) from None
 
 
-def _submodel(model: Any, loc: tuple) -> Any:
-    """The params model that owns the last key of ``loc``: ``model`` itself for a top-level key,
-    the nested model for a key inside a nested table (``gate_bias.alfa``), None if unknown."""
-    for part in loc[:-1]:
-        fields = getattr(model, "model_fields", {})
-        field = fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            return None
-        candidates = [field.annotation, *typing.get_args(field.annotation)]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return None
-    return model
+def _members(ann: Any) -> tuple:
+    """The non-None members of a union annotation (``()`` for anything else)."""
+    if typing.get_origin(ann) not in (typing.Union, types.UnionType):
+        return ()
+    return tuple(a for a in typing.get_args(ann) if a is not type(None))
+
+
+def _walk(model: Any, loc: tuple) -> tuple[tuple, Any]:
+    """``loc`` without pydantic's union-member tags (``inner.str``, ``inner.dict[str,any]`` for a
+    field typed ``str | dict``), and the params model that owns its last key: ``model`` itself
+    for a top-level key, the nested model for a key in a nested table (``gate_bias.alfa``), None
+    where the annotations do not say."""
+    ann: Any = model
+    out: list = []
+    owner = None
+    for part in loc:
+        members = _members(ann)
+        if len(members) == 1:  # Optional[X]: pydantic adds no tag
+            ann = members[0]
+        elif members:  # a real union: this part names the member pydantic tried
+            ann = None
+            continue
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            owner = ann
+            field = ann.model_fields.get(part) if isinstance(part, str) else None
+            ann = field.annotation if field is not None else None
+        else:
+            owner = None
+            args = typing.get_args(ann) if ann is not None else ()
+            ann = args[-1] if args else None  # list[X] -> X, dict[K, V] -> V
+        out.append(part)
+    return tuple(out), owner
 
 
 def validation_issues(exc: ValidationError, path: str, model: Any) -> list[Issue]:
@@ -134,22 +154,30 @@ def validation_issues(exc: ValidationError, path: str, model: Any) -> list[Issue
 
     The one implementation used for every params model (component params through
     `Component.validate`, the ``[layer]`` table through the spec resolver): an unknown key's
-    "did you mean" comes from the keys of the table it was written in, nested tables included.
+    "did you mean" comes from the keys of the table it was written in, nested tables included; a
+    value that fits no member of a union is one issue at the field's path.
     """
-    issues = []
+    issues: list[Issue] = []
+    merged: dict[str, int] = {}
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc, owner = _walk(model, tuple(err["loc"]))
         where = ".".join(str(p) for p in (path, *loc) if p != "")
         if err["type"] == "extra_forbidden":
-            owner = _submodel(model, loc)
             fields = list(getattr(owner, "model_fields", {}))
             hint = did_you_mean(str(loc[-1]), fields) or (
                 f"allowed keys: {', '.join(fields)}" if fields else None)
             issues.append(Issue(where, "unknown key", err.get("input"), hint))
-        else:
-            # pydantic's "Value error, " prefix says nothing to a user
-            msg = err["msg"].removeprefix("Value error, ")
-            issues.append(Issue(where, msg, err.get("input")))
+            continue
+        # pydantic's "Value error, " prefix says nothing to a user
+        msg = err["msg"].removeprefix("Value error, ")
+        if where in merged:  # another member of the same union refused it too
+            i = merged[where]
+            old = issues[i]
+            if msg not in old.message:
+                issues[i] = Issue(where, f"{old.message}, or {msg[:1].lower()}{msg[1:]}", old.value)
+            continue
+        merged[where] = len(issues)
+        issues.append(Issue(where, msg, err.get("input")))
     return issues
 
 
@@ -277,9 +305,31 @@ class Registry:
         """Build a component from ``"ns:name"`` or ``{"use": "ns:name", **params}``."""
         name, raw = split_use(value, path)
         comp = self.get(kind, name, f"{path}.use" if isinstance(value, Mapping) else path)
-        params = comp.validate(raw, path)
+        try:
+            params = comp.validate(raw, path)
+        except SpecError as exc:
+            raise SpecError(exc.issues + self._nested_issues(comp, raw, path, exc.issues, options)) from None
         ctx = BuildContext(self, path, dict(options or {}))
         return comp.load_factory()(params, ctx)
+
+
+    def _nested_issues(self, comp: Component, raw: Mapping[str, Any], path: str,
+                       found: list[Issue], options: dict | None) -> list[Issue]:
+        """Problems of the nested components a component's params name (declared as
+        ``nested={"param": kind}`` when it is registered), so that they are reported together
+        with the component's own even though its factory, which would build them, cannot run."""
+        out: list[Issue] = []
+        for key, kind in dict(comp.extra.get("nested", {})).items():
+            where = f"{path}.{key}" if path else key
+            if key not in raw or any(i.path == where or i.path.startswith(where + ".") for i in found):
+                continue
+            try:
+                self.build(kind, raw[key], path=where, options=options)
+            except SpecError as exc:
+                out.extend(exc.issues)
+            except (AtlasError, ValueError):  # reported when the component itself is fixed
+                pass
+        return out
 
 
 class NamespacedRegistry:

@@ -57,7 +57,8 @@ def atlas_register(registry):
     add = registry.add
     add("bias", "window", f"{_M}.window:build", params=f"{_M}.window:WindowParams",
         summary="Omega rule (Atlas Eq 9): sum over the last c tokens of gamma_i * l_i(M)",
-        capabilities=("window",), check_cases=WINDOW_CASES)
+        capabilities=("window",), check_cases=WINDOW_CASES,
+        nested={"inner": "bias"})  # a bad inner bias is reported beside bad window params
     add("feature_map", "poly", f"{_M}.poly:build", params=f"{_M}.poly:PolyParams",
         summary="polynomial map: elementwise sum a_i x^i, or P [x ; vec(x (x) x)]",
         check_cases=POLY_CASES)

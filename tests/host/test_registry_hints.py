@@ -97,3 +97,24 @@ def test_a_namespace_never_seen_is_still_not_installed():
     host = PluginHost(strict=False)
     with pytest.raises(SpecError, match="namespace 'miras' is not installed; it is provided by atlas-miras"):
         host.registry.get("bias", "miras:yaad")
+
+
+def test_nested_component_problems_are_reported_with_the_outer_params():
+    """omega:window declares nested={"inner": "bias"}: a bad window AND a bad inner bias are both
+    reported, although the window's factory (which builds the inner bias) cannot run."""
+    from atlas_core.host.manager import get_registry
+
+    reg = get_registry()
+    with pytest.raises(SpecError) as info:
+        reg.build("bias", {"use": "omega:window", "window": 0, "inner": "core:l3"}, path="memory.bias")
+    found = {i.path: i for i in info.value.issues}
+    assert set(found) == {"memory.bias.window", "memory.bias.inner"}
+    assert found["memory.bias.window"].value == 0
+    assert found["memory.bias.inner"].value == "core:l3" and "'core:l2'" in found["memory.bias.inner"].hint
+    # a nested value that already failed the params model is not reported twice
+    with pytest.raises(SpecError) as info:
+        reg.build("bias", {"use": "omega:window", "window": 0, "inner": 3}, path="b")
+    found = {i.path: i for i in info.value.issues}
+    assert [i.path for i in info.value.issues] == ["b.window", "b.inner"]  # no union-member tags
+    assert "valid string" in found["b.inner"].message and "valid dictionary" in found["b.inner"].message
+    assert found["b.inner"].value == 3
