@@ -1,0 +1,131 @@
+"""The memory layer (atlas_core/layer.py) against its documented pipeline, written out by hand:
+projections, short causal depthwise conv, SiLU, q/k l2 norm, gates with their parametrisation and
+bias init, the rule, per-head output norm, sigmoid output gate, output projection; the conv and rule
+state carry across calls; bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+import atlas_core as ac
+from atlas_core.layer import LayerParams, MemoryLayer
+
+DT = torch.float64
+
+
+def make_layer(memory=None, d_model=12, heads=3, **layer):
+    torch.manual_seed(0)
+    rule = ac.build_rule(memory or {"use": "titans:titans", "parallel": "core:sequential"})
+    return MemoryLayer(d_model, heads, rule, LayerParams(**layer), strategy="core:sequential").to(DT)
+
+
+def hand_layer(layer: MemoryLayer, x: torch.Tensor):
+    """The module docstring's steps 1-6, one by one, with the layer's weights."""
+    p, H = layer.params, layer.heads
+    B, T, _ = x.shape
+
+    def conv(z, mod):  # causal depthwise: out_t = sum_j w[j] z_{t - (K-1) + j}
+        K = mod.kernel
+        pad = torch.cat([z.new_zeros(B, K - 1, z.shape[-1]), z], 1)
+        return sum(mod.weight[:, 0, j] * pad[:, j : j + T] for j in range(K))
+
+    q, k, v = x @ layer.q_proj.weight.T, x @ layer.k_proj.weight.T, x @ layer.v_proj.weight.T
+    if p.conv_size > 1:
+        q, k, v = conv(q, layer.q_conv), conv(k, layer.k_conv), conv(v, layer.v_conv)
+    if p.qkv_activation == "silu":
+        q, k, v = q * torch.sigmoid(q), k * torch.sigmoid(k), v * torch.sigmoid(v)
+    q, k, v = (z.reshape(B, T, H, -1) for z in (q, k, v))
+    if p.qk_norm:
+        q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
+    raw = (x @ layer.gate_proj.weight.T + layer.gate_proj.bias).reshape(B, T, -1, H)
+    gates = {}
+    for i, name in enumerate(layer.gate_names):
+        g = torch.sigmoid(raw[:, :, i])
+        gates[name] = p.theta_scale * g if name == "theta" else g
+    y, _ = layer.rule(q, k, v, gates=gates, strategy="core:sequential")
+    if p.output_norm:
+        y = y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * layer.out_norm.weight
+    y = y.reshape(B, T, -1)
+    if p.output_gate:
+        y = y * torch.sigmoid(x @ layer.out_gate.weight.T + layer.out_gate.bias)
+    return y @ layer.o_proj.weight.T
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"conv_size": 0, "qk_norm": False, "qkv_activation": "none"},
+    {"output_norm": False, "output_gate": False, "theta_scale": 0.5, "conv_size": 2},
+], ids=["defaults", "no-conv-no-norm", "no-out-norm-gate"])
+def test_forward_is_the_documented_pipeline(options):
+    layer = make_layer(**options)
+    x = torch.randn(2, 7, 12, dtype=DT)
+    with torch.no_grad():
+        y, _ = layer(x)
+        torch.testing.assert_close(y, hand_layer(layer, x), rtol=0, atol=1e-12)
+    assert hasattr(layer, "q_conv") == (options.get("conv_size", 4) > 1)
+
+
+def test_gate_bias_init_and_only_the_rule_gates():
+    layer = make_layer(gate_bias={"alpha": 1.0, "theta": -2.0})
+    assert layer.gate_names == ("alpha", "eta", "theta")  # titans: no gamma
+    H = layer.heads
+    want = torch.tensor([1.0] * H + [2.0] * H + [-2.0] * H, dtype=DT)  # eta keeps its default 2.0
+    assert torch.equal(layer.gate_proj.bias.detach(), want)
+    assert layer.gate_proj.weight.abs().max() < 0.2  # small weights: gates start near sigmoid(bias)
+    gates = layer.gates(torch.zeros(1, 2, 12, dtype=DT))
+    torch.testing.assert_close(gates["alpha"], torch.full((1, 2, H), torch.sigmoid(torch.tensor(1.0)).item(), dtype=DT))
+    torch.testing.assert_close(gates["theta"], torch.full((1, 2, H), torch.sigmoid(torch.tensor(-2.0)).item(), dtype=DT))
+    defaults = make_layer()
+    g = defaults.gates(torch.zeros(1, 1, 12, dtype=DT))
+    assert abs(g["alpha"].mean().item() - 0.9526) < 1e-3 and abs(g["theta"].mean().item() - 0.0099) < 1e-3
+    gamma = make_layer({"use": "omega:omega_titans",
+                        "bias": {"use": "omega:window", "window": 2, "gamma": "gate"}})
+    assert gamma.gate_names == ("alpha", "eta", "theta", "gamma")
+    none = make_layer({"bias": "core:dot", "algorithm": "core:gd"})
+    assert none.gate_names == ("theta",) and none.gate_proj.out_features == 3
+
+
+def test_state_carries_conv_and_rule_across_calls():
+    layer = make_layer(conv_size=3)
+    x = torch.randn(2, 9, 12, dtype=DT)
+    with torch.no_grad():
+        y, s = layer(x)
+        y1, s1 = layer(x[:, :4])
+        y2, s2 = layer(x[:, 4:], s1)
+    assert set(s) == {"conv.q", "conv.k", "conv.v", "rule.M", "rule.Z.M"}
+    assert s["conv.q"].shape == (2, 2, 12)  # the last conv_size - 1 inputs
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=0, atol=1e-12)
+    for key in s:
+        torch.testing.assert_close(s2[key], s[key], rtol=0, atol=1e-12)
+
+
+def test_causal():
+    layer = make_layer(conv_size=4)
+    x = torch.randn(1, 8, 12, dtype=DT)
+    x2 = x.clone()
+    x2[:, 5:] += 1.0
+    with torch.no_grad():
+        a, b = layer(x)[0], layer(x2)[0]
+    assert torch.equal(a[:, :5], b[:, :5]) and (a[:, 5:] - b[:, 5:]).abs().max() > 1e-6
+
+
+def test_feature_map_parameters_belong_to_the_layer():
+    layer = make_layer({"use": "omega:omeganet"}, d_model=8, heads=2)
+    names = dict(layer.named_parameters())
+    assert "rule.feature_map.coef" in names
+    y, _ = layer(torch.randn(1, 5, 8, dtype=DT))
+    y.sum().backward()
+    assert names["rule.feature_map.coef"].grad.abs().max() > 0
+
+
+def test_bad_input():
+    layer = make_layer()
+    with pytest.raises(ValueError, match=r"x must be \[B, T, d_model=12\], got \(2, 5, 10\)"):
+        layer(torch.randn(2, 5, 10, dtype=DT))
+    with pytest.raises(ValueError, match=r"d_model=10 is not divisible by heads=3; set layer.d_key"):
+        MemoryLayer(10, 3, ac.build_rule("titans:titans"))
+    sized = MemoryLayer(10, 3, ac.build_rule("titans:titans"), LayerParams(d_key=4))
+    assert sized.q_proj.out_features == 12 and sized.v_proj.out_features == 12
