@@ -106,26 +106,31 @@ class AtlasParallel(Chunkwise):
     def fast_path(self, rule) -> bool:
         return False  # NS is nonlinear in Z: always the per-token (generic) chunk
 
-    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
+    def _generic_chunk(self, rule, W, opt, *chunk_args):
+        """``core:chunkwise``'s per-chunk step, recomputed in the backward pass when
+        ``checkpoint`` is on. ``chunk_args`` (tensors, and dicts of tensors such as the gates) are
+        passed through as the parent strategy defines them."""
         chunk = super()._generic_chunk
         if not (self.checkpoint and torch.is_grad_enabled()):
-            return chunk(rule, W, opt, xe, U, Wm, L, A, gates, psi)
-        # flatten the dicts into one tensor list (fixed key order) and rebuild them inside
-        wk, ok, gk = list(W), list(opt), list(gates)
-        nw, no, ng = len(wk), len(ok), len(gk)
-        flat = [W[k] for k in wk] + [opt[k] for k in ok] + [gates[k] for k in gk]
-        flat += [xe, U, Wm, L, A, psi]
+            return chunk(rule, W, opt, *chunk_args)
+        # flatten every argument into one tensor list (fixed key order), rebuild them inside
+        wk, ok = list(W), list(opt)
+        layout = [list(a) if isinstance(a, dict) else None for a in chunk_args]
+        flat = [W[k] for k in wk] + [opt[k] for k in ok]
+        for arg, keys in zip(chunk_args, layout):
+            flat += [arg[k] for k in keys] if keys is not None else [arg]
 
         def run(*t):
-            Wd = dict(zip(wk, t[:nw]))
-            od = dict(zip(ok, t[nw : nw + no]))
-            gd = dict(zip(gk, t[nw + no : nw + no + ng]))
-            xe_, U_, Wm_, L_, A_, psi_ = t[nw + no + ng :]
-            y, W1, o1 = chunk(rule, Wd, od, xe_, U_, Wm_, L_, A_, gd, psi_)
+            it = iter(t)
+            Wd = {k: next(it) for k in wk}
+            od = {k: next(it) for k in ok}
+            args = [{k: next(it) for k in keys} if keys is not None else next(it) for keys in layout]
+            y, W1, o1 = chunk(rule, Wd, od, *args)
             return (y, *[W1[k] for k in wk], *[o1[k] for k in ok])
 
         params = [p for p in rule.parameters() if p.requires_grad]
         out = recompute(run, flat, params)
+        nw = len(wk)
         return out[0], dict(zip(wk, out[1 : 1 + nw])), dict(zip(ok, out[1 + nw :]))
 
 
