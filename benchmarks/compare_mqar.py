@@ -1,9 +1,11 @@
 """Train the MQAR comparison specs on one setting and print the table of docs/mqar_comparison.md.
 
-    OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py                       # the committed table
+    OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py                        # suite "main"
+    OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py --suite small_state
     python benchmarks/compare_mqar.py --steps 1500 --task '{use = "mqar", num_pairs = 16, seq_len = 128}'
 
-Every spec in ``benchmarks/mqar/`` (or the ones named with ``--spec``) trains with the same task,
+Every spec of a suite (``benchmarks/mqar/<suite>/``, in the order of `ORDER`; or the files named
+with ``--spec``) trains with the same task,
 steps, batch size and seed; the output is a Markdown table (rule, memory and state floats per
 layer, parameters, held-out accuracy, eval loss, training time) followed by the command line and
 the machine it ran on. Same as ``atlas compare SPEC... --markdown``, with the default spec list.
@@ -19,12 +21,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_SPECS = ["delta", "hebbian", "titans", "titans_half"]
+ORDER = ["delta", "delta_exact", "hebbian", "titans", "titans_tuned", "titans_half"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--spec", action="append", help="a spec file (repeatable); default: benchmarks/mqar/*")
+    ap.add_argument("--suite", default="main", help="a folder of benchmarks/mqar/ (main, small_state)")
+    ap.add_argument("--spec", action="append", help="a spec file (repeatable), instead of a suite")
     ap.add_argument("--task", help="inline TOML table of the task (default: the specs' own)")
     ap.add_argument("--steps", type=int, help="optimizer steps per spec (default: the specs' own)")
     ap.add_argument("--batch-size", type=int)
@@ -37,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     from atlas_core.train.compare import compare, markdown_table
     from atlas_core.train.inference import parse_task_option
 
-    specs = args.spec or [str(HERE / "mqar" / f"{name}.toml") for name in DEFAULT_SPECS]
+    suite = HERE / "mqar" / args.suite
+    if not args.spec and not suite.is_dir():
+        ap.error(f"no suite {args.suite!r}: choose one of {sorted(p.name for p in (HERE / 'mqar').iterdir())}")
+    specs = args.spec or [str(suite / f"{name}.toml") for name in ORDER
+                          if (suite / f"{name}.toml").exists()]
     start = time.time()
 
     def progress(row):

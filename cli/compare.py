@@ -54,6 +54,6 @@ def register(app: typer.Typer) -> None:
     app.command(
         "compare",
         epilog=examples(
-            "atlas compare examples/mqar_delta.toml examples/mqar_hebbian.toml --steps 500",
+            "atlas compare benchmarks/mqar/main/delta.toml benchmarks/mqar/main/hebbian.toml --steps 300",
         ),
     )(compare)

@@ -182,24 +182,35 @@ def spawn(fn: Callable, payload: Any, nproc: int, device: str) -> Any:
         nprocs=nproc, join=False, start_method="spawn",
     )
     crash: BaseException | None = None
+    reports: dict[int, tuple[str, Any]] = {}
+
+    def drain() -> None:
+        while not results.empty():
+            rank, kind, value = results.get()
+            reports[rank] = (kind, value)
+
     while True:
         try:
-            if procs.join():
+            done = procs.join(timeout=0.5)
+            drain()
+            if done:
+                break
+            if any(kind == "error" for kind, _ in reports.values()):
+                # A failed rank leaves the others waiting in a collective: stop them now
+                # rather than after the process group's timeout.
+                for proc in procs.processes:
+                    if proc.is_alive():
+                        proc.terminate()
                 break
         except KeyboardInterrupt:
             continue
         except Exception as exc:  # noqa: BLE001 - a worker died; its report (if any) says why
             crash = exc
             break
-    reports = {}
-    while True:
-        try:
-            if results.empty():
-                break
-            rank, kind, value = results.get()
-        except (EOFError, OSError, queue_mod.Empty):
-            break
-        reports[rank] = (kind, value)
+    try:
+        drain()
+    except (EOFError, OSError, queue_mod.Empty):
+        pass
     errors = [(r, v) for r, (k, v) in sorted(reports.items()) if k == "error"]
     if errors:
         rank, (name, message, tb) = errors[0]

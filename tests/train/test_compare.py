@@ -1,0 +1,47 @@
+"""The comparison table's columns: rule labels and state sizes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from atlas_core.model import build_model
+from atlas_core.spec import load_spec
+from atlas_core.train.compare import markdown_table, rule_label, state_sizes
+
+from .conftest import TINY
+
+
+@pytest.mark.parametrize(
+    "knobs, label",
+    [
+        ({}, "l2+gd"),
+        ({"bias": "core:dot"}, "dot+gd"),
+        ({"retention": "core:decay", "algorithm": "core:momentum"}, "l2+momentum+decay"),
+    ],
+    ids=["delta", "hebbian", "titans"],
+)
+def test_rule_label(knobs, label):
+    data = copy.deepcopy(TINY)
+    data["memory"].update(knobs)
+    assert rule_label(load_spec(data).memory) == label
+
+
+def test_state_sizes_count_memory_and_momentum():
+    data = copy.deepcopy(TINY)
+    data["layer"].update(d_key=8, d_value=4)
+    delta = state_sizes(build_model(data))
+    assert delta == {"memory_layers": 1, "memory": 2 * 4 * 8, "state": 2 * 4 * 8}
+    data["memory"].update(retention="core:decay", algorithm="core:momentum")
+    data["model"]["depth"] = 2
+    titans = state_sizes(build_model(data))
+    # momentum Z has the shape of M: twice the state for the same memory
+    assert titans == {"memory_layers": 2, "memory": 2 * 4 * 8, "state": 2 * 2 * 4 * 8}
+
+
+def test_markdown_table_rows():
+    row = {"name": "a", "rule": "l2+gd", "memory": 2048, "state": 4096, "params": 1234,
+           "accuracy": 0.5, "eval_loss": 1.25, "time_s": 3.4}
+    table = markdown_table([row])
+    assert table.splitlines()[-1] == "| a | l2+gd | 2,048 | 4,096 | 1,234 | 0.500 | 1.250 | 3 |"
