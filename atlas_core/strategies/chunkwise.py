@@ -31,7 +31,7 @@ from pydantic import Field
 
 from ..backends import select_backend
 from ..host.registry import Params
-from ..knobs.algorithm import Algorithm
+from ..knobs.algorithm import Algorithm, _bc
 from .base import Strategy
 from .decay import decay_matrix
 
@@ -76,6 +76,24 @@ def _window_chunks(x: torch.Tensor, C: int, c: int, T: int) -> tuple[torch.Tenso
     if last < C:
         chunks[-1] = chunks[-1].narrow(2, 0, last + c - 1)
     return tuple(chunks)
+
+
+def _step_through(rule, W, opt, G, alpha, gates):
+    """Per-token weights ``{k: [B, H, n, *s]}`` of a chunk from anchored gradients G, by the
+    algorithm's `step` (the recurrence of the reference loop), and the final optimiser state.
+    Tokens are taken apart with unbind (one backward op), not by indexing in the loop."""
+    n = alpha.shape[-1]
+    g_t = {k: g.unbind(2) for k, g in G.items()}
+    gate_t = {k: x.unbind(2) for k, x in gates.items()}
+    alpha_t = alpha.unbind(2)
+    steps = []
+    for t in range(n):
+        W, opt = rule.algorithm.step(
+            W, opt, {k: g[t] for k, g in g_t.items()}, alpha=alpha_t[t],
+            gates={k: x[t] for k, x in gate_t.items()}, retention=rule.retention,
+        )
+        steps.append(W)
+    return {k: torch.stack([w[k] for w in steps], dim=2) for k in W}, opt
 
 
 def _shift_rows(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
@@ -148,12 +166,12 @@ class Chunkwise(Strategy):
             A = torch.cumprod(alpha, dim=-1)  # [B, H, n]
             U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
             step = self._linear_chunk if fast else self._generic_chunk
-            y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i])
+            y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i], alpha)
             ys.append(y)
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         return y, rule._final_state(W, opt, xk, xv, xg)
 
-    def _linear_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
+    def _linear_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
         M0 = W["M"]  # (B, H, Dv, Dphi)
         theta = gates["theta"]
         KZ = None
@@ -182,11 +200,21 @@ class Chunkwise(Strategy):
             opt = {"Z.M": Z}
         return y, {"M": M}, opt
 
-    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi):
+    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
         S = rule.structure
         per_tok = S.grad_per_token(W, xe, U)  # {k: [B, H, m, *s]}
-        G = {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
-        Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, gates={**gates, "_A": A})
+        if rule.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
+            w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
+            G = {k: _bc(w, g) * g for k, g in per_tok.items()}
+        else:
+            G = {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
+        if getattr(rule.algorithm, "linear_form", None) in ("gd", "momentum"):
+            # The algorithm's own step, token by token over the anchored gradients: O(C |W|)
+            # work where the decay-matrix form (`Algorithm.chunk`) costs O(C^2 |W|) — what
+            # dominates for a deep memory, whose |W| is far larger than C.
+            Wall, opt = _step_through(rule, W, opt, G, alpha, gates)
+        else:
+            Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, gates={**gates, "_A": A})
         if rule.read == "before":
             Wread = {k: _shift_rows(w, W[k].unsqueeze(2)) for k, w in Wall.items()}
         else:
