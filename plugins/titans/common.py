@@ -124,16 +124,20 @@ class BranchGate(nn.Module):
         return self.proj(self.norm_y(y) * torch.sigmoid(self.norm_m(m)))
 
 
-def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_only: bool = False):
+def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_only: bool = False,
+                       registry: Any = None):
     """A `MemoryLayer` for one block, from the spec's ``[memory]`` and ``[layer]`` tables.
 
     ``read_only``: the architecture also queries the memory without updating it (MAC's
-    retrieval), which needs a knob-composed rule (a structure to read and a feature map)."""
+    retrieval), which needs a knob-composed rule (a structure to read and a feature map).
+    ``registry``: where the rule and its strategy are looked up (the build context's; the
+    process-wide registry when None). The strategy is resolved once, here, and the layer keeps the
+    resolved object, so running the model never looks it up again."""
     from atlas_core.layer import MemoryLayer
     from atlas_core.strategies.base import resolve_strategy
 
     try:
-        layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads)
+        layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads, registry=registry)
     except SpecError as exc:  # e.g. a structure refusing its sizes: point into [memory]
         if all(i.path.startswith("memory") for i in exc.issues):
             raise
@@ -154,9 +158,10 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_o
             "memory", f"{arch} retrieves from the committed memory with a read-only query, which "
             f"needs a knob-composed rule (structure + feature map); {name} is standalone", name)])
     try:
-        strategy = resolve_strategy(rule, layer.strategy)
+        strategy = resolve_strategy(rule, layer.strategy, registry)
     except ValueError as exc:
         raise SpecError([Issue("memory.parallel", str(exc), layer.strategy)]) from None
+    layer.strategy = strategy
     # tokens per chunk of the strategy: decoding buffers this many inputs (see run_memory)
     layer.period = int(getattr(strategy, "chunk_size", 1) or 1)
     return layer

@@ -47,7 +47,7 @@ def build(params: LMParams, ctx) -> LMM:
     p = params
     blocks = []
     for i in range(p.depth):
-        mem = (build_memory_layer(spec, p.d_model, p.heads, arch="titans:lmm")
+        mem = (build_memory_layer(spec, p.d_model, p.heads, arch="titans:lmm", registry=ctx.registry)
                if p.carries_memory(i) else None)
         blocks.append(LMMBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem))
     return LMM(p, blocks)

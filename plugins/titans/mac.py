@@ -150,7 +150,8 @@ def build(params: MACParams, ctx) -> MAC:
     blocks = []
     for i in range(p.depth):
         if p.carries_memory(i):
-            mem = build_memory_layer(spec, p.d_model, p.heads, arch="titans:mac", read_only=True)
+            mem = build_memory_layer(spec, p.d_model, p.heads, arch="titans:mac", read_only=True,
+                                     registry=ctx.registry)
             blocks.append(MACBlock(p, mem))
         else:
             blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,

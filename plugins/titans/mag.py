@@ -61,7 +61,8 @@ def build(params: HybridParams, ctx) -> MAG:
     blocks = []
     for i in range(p.depth):
         if p.carries_memory(i):
-            blocks.append(MAGBlock(p, build_memory_layer(spec, p.d_model, p.heads, arch="titans:mag")))
+            mem = build_memory_layer(spec, p.d_model, p.heads, arch="titans:mag", registry=ctx.registry)
+            blocks.append(MAGBlock(p, mem))
         else:
             blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
                                          p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps))

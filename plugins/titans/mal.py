@@ -60,7 +60,8 @@ def build(params: HybridParams, ctx) -> MAL:
     blocks = []
     for i in range(p.depth):
         if p.carries_memory(i):
-            blocks.append(MALBlock(p, build_memory_layer(spec, p.d_model, p.heads, arch="titans:mal")))
+            mem = build_memory_layer(spec, p.d_model, p.heads, arch="titans:mal", registry=ctx.registry)
+            blocks.append(MALBlock(p, mem))
         else:
             blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
                                          p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps))
