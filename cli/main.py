@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "atlas_cli.spec",  # atlas spec validate|show
     "atlas_cli.build",  # atlas build FILE
     "atlas_cli.env",  # atlas env
+    "atlas_cli.bench",  # atlas bench
     "atlas_cli.train",  # atlas train [SPEC]
     "atlas_cli.evaluate",  # atlas eval CKPT
     "atlas_cli.generate",  # atlas generate CKPT

@@ -1,0 +1,35 @@
+"""The benchmark library behind ``atlas bench`` and ``benchmarks/bench_strategies.py``.
+
+Time (forward, forward + backward) and peak memory against sequence length for each rule and each
+strategy that supports it, side by side in one run, with baselines (``benchmarks/baselines/``)
+in the same table. Before timing, each subject passes a float64 equivalence check against the
+rule's readable loop; a subject that fails it gets no speedup. Modules:
+
+- `cases`: the benchmarked rules and their inputs;
+- `subjects`: strategies, layers, baselines, and the equivalence gate;
+- `memory`: peak live tensor bytes on any device (a dispatch mode; works on the CPU);
+- `runner`: `BenchConfig`, `run_bench`;
+- `report`: the targets, tables (text, Markdown), the PNG plot.
+"""
+
+from .cases import RULES, Case, get_case
+from .memory import LiveTensorBytes, peak_tensor_bytes
+from .report import plot, targets, to_markdown, to_text
+from .runner import BenchConfig, BenchResult, Row, run_bench
+from .subjects import (
+    AnchoredReference,
+    Check,
+    LayerSubject,
+    StrategySubject,
+    Subject,
+    check_against_rule,
+    default_baselines_dir,
+    load_baselines,
+)
+
+__all__ = [
+    "RULES", "Case", "get_case", "LiveTensorBytes", "peak_tensor_bytes", "plot", "targets",
+    "to_markdown", "to_text", "BenchConfig", "BenchResult", "Row", "run_bench",
+    "AnchoredReference", "Check", "LayerSubject", "StrategySubject", "Subject",
+    "check_against_rule", "default_baselines_dir", "load_baselines",
+]

@@ -1,0 +1,118 @@
+"""The rules the benchmark measures, and the inputs it feeds them.
+
+A `Case` is one memory rule (a spec for `atlas_core.build_rule`) or one memory layer (``kind =
+"layer"``: ``x: [B, T, d_model]`` in, the layer's output out). `make_inputs` draws inputs with the
+shapes of MATH.md — ``q, k: [B, T, H, Dk]`` (l2-normalised, as the memory layer feeds them),
+``v: [B, T, H, Dv]``, each gate ``[B, T, H]`` in the range the layer's default gate biases give —
+from a fixed seed, so every strategy of a case sees the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+OMEGA16 = {"use": "omega:window", "window": 16, "inner": "core:l2", "gamma": "uniform"}
+
+#: name -> (title, rule spec)
+RULES: dict[str, tuple[str, dict[str, Any]]] = {
+    "titans": ("Titans, linear memory (l2, decay, momentum)", {"use": "titans:titans"}),
+    "titans_deep": ("Titans, deep memory (titans:mlp depth 2, x4; l2, decay, momentum)",
+                    {"use": "titans:titans_deep"}),
+    "omega16": ("OmegaNet, window c=16 (uniform), poly map, decay, gd",
+                {"use": "omega:omeganet", "bias": OMEGA16}),
+    "atlas": ("Atlas (titans:mlp, window 8 gated, poly map, decay, Muon)",
+              {"use": "atlas_muon:atlas"}),
+    "atlas_linear": ("Atlas on linear memory (window 8 gated, poly map, decay, Muon)",
+                     {"use": "atlas_muon:atlas_linear"}),
+    "delta": ("Delta rule with decay (linear, l2, decay, gd: Titans without momentum)",
+              {"structure": "core:linear", "bias": "core:l2", "retention": "core:decay",
+               "algorithm": "core:gd"}),
+    "titans_deep_layer": ("Deep-memory layer x: [B, T, H*D] (Titans deep vs titans-pytorch "
+                          "NeuralMemory)", {"use": "titans:titans_deep"}),
+}
+LAYER_CASES = {"titans_deep_layer"}
+DEFAULT_RULES = ("titans", "titans_deep", "omega16", "atlas", "delta", "titans_deep_layer")
+
+#: gate name -> (low, high) of a uniform draw. The layer's default biases give alpha ~ 0.95,
+#: eta ~ 0.88, theta ~ 0.01; the benchmark takes larger learning rates so that the memory changes,
+#: small enough that the deep memory does not diverge (the timings do not depend on the values).
+GATE_RANGES = {"alpha": (0.95, 1.0), "eta": (0.8, 0.95), "theta": (0.02, 0.1), "gamma": (0.5, 1.0)}
+
+
+@dataclass
+class Case:
+    name: str
+    title: str
+    spec: dict[str, Any]
+    kind: str = "rule"  # "rule" | "layer"
+    _rules: dict = field(default_factory=dict, repr=False)
+
+    def rule(self, heads: int, d_key: int, d_value: int, dtype=torch.float32):
+        """The case's rule, built once per size and dtype (seeded: learned initial weights and
+        feature-map coefficients are the same for every strategy)."""
+        from ..rule import build_rule
+
+        key = (heads, d_key, d_value, dtype)
+        if key not in self._rules:
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                self._rules[key] = build_rule(self.spec, heads=heads, d_key=d_key,
+                                              d_value=d_value).to(dtype)
+        return self._rules[key]
+
+
+def get_case(name: str) -> Case:
+    if name not in RULES:
+        from ..errors import did_you_mean
+
+        hint = did_you_mean(name, RULES) or f"choose from {', '.join(RULES)}"
+        raise ValueError(f"unknown benchmark rule {name!r}; {hint}")
+    title, spec = RULES[name]
+    return Case(name, title, dict(spec), "layer" if name in LAYER_CASES else "rule")
+
+
+@dataclass
+class Inputs:
+    """One call's tensors. Rule cases: q, k, v, gates; layer cases: x. ``dy`` is the output
+    gradient fed to backward."""
+
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    gates: dict[str, torch.Tensor] = field(default_factory=dict)
+    x: torch.Tensor | None = None
+    dy: torch.Tensor | None = None
+
+    def leaves(self) -> list[torch.Tensor]:
+        ts = [self.q, self.k, self.v, *self.gates.values(), self.x]
+        return [t for t in ts if t is not None]
+
+    def requires_grad_(self, flag: bool = True) -> "Inputs":
+        for t in self.leaves():
+            t.requires_grad_(flag)
+        return self
+
+    def zero_grad(self) -> None:
+        for t in self.leaves():
+            t.grad = None
+
+
+def make_inputs(case: Case, gate_names, *, B: int, T: int, H: int, Dk: int, Dv: int,
+                dtype=torch.float32, seed: int = 0) -> Inputs:
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    if case.kind == "layer":
+        return Inputs(x=rand(B, T, H * Dk), dy=rand(B, T, H * Dk))
+    q = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
+    k = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
+    gates = {}
+    for name in gate_names:
+        lo, hi = GATE_RANGES.get(name, (0.0, 1.0))
+        gates[name] = (lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)).to(dtype)
+    return Inputs(q=q, k=k, v=rand(B, T, H, Dv), gates=gates, dy=rand(B, T, H, Dv))

@@ -1,0 +1,294 @@
+"""Running the benchmark: every subject of every case over the sequence lengths, side by side.
+
+For each case the subjects that support it are first checked (`Subject.check`, float64); then for
+each length T, in increasing order:
+
+- **time**: ``fwd`` is the forward under ``torch.no_grad()`` (inference); ``fwd+bwd`` is the forward
+  with autograd plus ``backward`` of ``<y, dy>`` into every input and learned parameter (training).
+  One warm-up run, then the median of ``repeats`` runs (a single run when the warm-up took longer
+  than `BenchConfig.slow_s`); wall-clock seconds (``time.perf_counter``).
+- **peak memory**: one more forward and one more fwd+bwd under `memory.LiveTensorBytes` (the peak
+  of live tensor bytes created by the call; inputs and parameters excluded).
+
+Limits (each reported, nothing is extrapolated): ``core:sequential`` stops at ``seq_max``; a
+subject whose fwd+bwd took longer than ``budget_s`` is not run at longer T; a subject that declares
+a memory estimate above ``max_mem_gib`` is skipped at that T. The speedup of a row is ``fwd+bwd``
+of ``core:sequential`` at the same T divided by the row's, reported only when both were measured
+and the row's equivalence check passed.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .cases import DEFAULT_RULES, Case, get_case, make_inputs
+from .memory import peak_tensor_bytes
+from .subjects import Check, LayerSubject, StrategySubject, Subject
+
+MIB = 1024.0 ** 2
+
+
+@dataclass
+class BenchConfig:
+    rules: list[str] = field(default_factory=lambda: list(DEFAULT_RULES))
+    lengths: list[int] = field(default_factory=lambda: [512, 1024, 2048, 4096, 8192, 16384])
+    batch: int = 2
+    heads: int = 4
+    dim: int = 64  # Dk = Dv
+    chunk: int = 64
+    seq_max: int = 4096
+    repeats: int = 3
+    slow_s: float = 5.0
+    budget_s: float = 120.0
+    max_mem_gib: float = 6.0
+    memory: bool = True
+    check: bool = True
+    threads: int | None = None
+    compile: bool = False
+    strategies: list[str] | None = None  # None: every registered strategy that supports the rule
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"B": self.batch, "H": self.heads, "Dk": self.dim, "Dv": self.dim}
+
+    def validate(self) -> None:
+        for name in ("batch", "heads", "dim", "chunk", "repeats", "seq_max"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if not self.lengths or min(self.lengths) < 1:
+            raise ValueError(f"lengths={self.lengths} must be positive sequence lengths")
+        for name in self.rules:
+            get_case(name)
+
+
+@dataclass
+class Row:
+    case: str
+    subject: str
+    group: str
+    T: int
+    status: str = "ok"  # "ok" | "skipped" | "error"
+    fwd_ms: float | None = None
+    train_ms: float | None = None
+    runs: int = 0
+    peak_fwd_mib: float | None = None
+    peak_train_mib: float | None = None
+    check: str = ""
+    speedup: float | None = None  # fwd+bwd of core:sequential / this row's, same case and T
+    note: str = ""
+
+
+@dataclass
+class BenchResult:
+    config: dict[str, Any]
+    machine: dict[str, Any]
+    checks: list[dict[str, Any]]
+    rows: list[Row]
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        from .report import targets
+
+        return {"config": self.config, "machine": self.machine, "checks": self.checks,
+                "rows": [asdict(r) for r in self.rows], "targets": targets(self),
+                "problems": self.problems, "seconds": self.seconds}
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "load_avg_start": load}
+
+
+def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
+    """Every registered strategy that supports the case's rule (default params, the config's chunk
+    size), or the layer with core:chunkwise for a layer case."""
+    from ..host.manager import get_registry
+
+    if case.kind == "layer":
+        return [LayerSubject("core:chunkwise", {"chunk_size": config.chunk})]
+    reg = get_registry()
+    out: list[Subject] = []
+    for comp in sorted(reg.all("strategy"), key=lambda c: (c.priority, c.name)):
+        if config.strategies is not None and comp.name not in config.strategies:
+            continue
+        model = comp.load_params()
+        fields = getattr(model, "model_fields", {}) if model is not None else {}
+        params = {"chunk_size": config.chunk} if "chunk_size" in fields else {}
+        subject = StrategySubject(comp.name, params)
+        ok, _ = subject.supports(case)
+        if ok:
+            out.append(subject)
+    return out
+
+
+def _timed(fn: Callable[[], Any], repeats: int, slow_s: float) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    fn()  # warm-up: kernels, caches, lazy imports
+    first = time.perf_counter() - t0
+    if first > slow_s:
+        return first, 1
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), repeats
+
+
+def _measure(subject: Subject, ctx: Any, case: Case, config: BenchConfig, T: int, row: Row,
+             forward: Callable, with_train: bool = True) -> None:
+    rule_gates = getattr(ctx, "gate_names", ()) if case.kind == "rule" else ()
+    inp = make_inputs(case, rule_gates, T=T, **config.sizes).requires_grad_()
+    params = [p for p in subject.parameters(ctx) if p.requires_grad]
+
+    def fwd():
+        with torch.no_grad():
+            return forward(ctx, inp)
+
+    def train():
+        inp.zero_grad()
+        for p in params:
+            p.grad = None
+        y = forward(ctx, inp)
+        (y * inp.dy).sum().backward()
+
+    t, row.runs = _timed(fwd, config.repeats, config.slow_s)
+    row.fwd_ms = t * 1e3
+    if with_train:
+        gc.collect()
+        t, row.runs = _timed(train, config.repeats, config.slow_s)
+        row.train_ms = t * 1e3
+    if config.memory:
+        gc.collect()
+        row.peak_fwd_mib = peak_tensor_bytes(fwd) / MIB
+        if with_train:
+            inp.zero_grad()
+            for p in params:
+                p.grad = None
+            gc.collect()
+            row.peak_train_mib = peak_tensor_bytes(train) / MIB
+    inp.zero_grad()
+
+
+def _compiled(subject: Subject) -> Callable:
+    """``subject.forward`` through ``torch.compile`` (the `BenchConfig.compile` switch)."""
+    return torch.compile(subject.forward, dynamic=False)
+
+
+def run_bench(config: BenchConfig, subjects: list[Subject] | None = None,
+              progress: Callable[[str], None] | None = None, problems: list[str] | None = None
+              ) -> BenchResult:
+    """Run the benchmark. ``subjects`` are added to each case's default strategies (baselines);
+    ``progress`` receives one line per measurement."""
+    config.validate()
+    say = progress or (lambda msg: None)
+    prev_threads = torch.get_num_threads()
+    torch.set_flush_denormal(True)  # decayed memories must not reach slow subnormal arithmetic
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    started = time.perf_counter()
+    machine = machine_info()
+    rows: list[Row] = []
+    checks: list[dict[str, Any]] = []
+    try:
+        for name in config.rules:
+            case = get_case(name)
+            subs = default_subjects(config, case)
+            for extra in subjects or []:
+                ok, why = extra.supports(case)
+                if ok:
+                    subs.append(extra)
+            for sub in subs:
+                check = sub.check(case) if config.check else Check("skipped", "--no-check")
+                checks.append({"case": case.name, "subject": sub.name, **check.to_dict()})
+                say(f"[{case.name}] {sub.name}: check {check.status} {check.detail}")
+                rows.extend(_run_subject(config, case, sub, check, say))
+    finally:
+        torch.set_num_threads(prev_threads)
+        torch.set_flush_denormal(False)
+    _speedups(rows)
+    try:
+        machine["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    cfg = asdict(config)
+    return BenchResult(cfg, machine, checks, rows, list(problems or []), time.perf_counter() - started)
+
+
+def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, say) -> list[Row]:
+    rows = []
+    try:
+        ctx = sub.setup(case, config.sizes, torch.float32)
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return [Row(case.name, sub.name, sub.group, T, "error", check=check.status,
+                    note=f"setup failed: {type(exc).__name__}: {exc}") for T in config.lengths]
+    forward = _compiled(sub) if config.compile else sub.forward
+    stop = ""
+    for T in sorted(config.lengths):
+        row = Row(case.name, sub.name, sub.group, T, check=check.status)
+        rows.append(row)
+        is_seq = getattr(sub, "strategy", None) == "core:sequential"
+        limit = config.max_mem_gib * 1024 ** 3
+        est_fwd = sub.memory_estimate(case, config.sizes, T, train=False)
+        est_train = sub.memory_estimate(case, config.sizes, T, train=True)
+        with_train = est_train is None or est_train <= limit
+        if stop:
+            row.status, row.note = "skipped", stop
+        elif is_seq and T > config.seq_max:
+            row.status, row.note = "skipped", f"core:sequential is capped at T <= {config.seq_max}"
+        elif est_fwd is not None and est_fwd > limit:
+            row.status = "skipped"
+            row.note = f"needs about {est_fwd / 1024 ** 3:.1f} GiB > --max-mem-gib {config.max_mem_gib}"
+        else:
+            if not with_train:
+                row.note = (f"forward only: fwd+bwd needs about {est_train / 1024 ** 3:.1f} GiB > "
+                            f"--max-mem-gib {config.max_mem_gib}")
+            try:
+                _measure(sub, ctx, case, config, T, row, forward, with_train)
+            except Exception as exc:  # noqa: BLE001 - one failure must not end the benchmark
+                row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
+            if row.train_ms is not None and row.train_ms > config.budget_s * 1e3:
+                stop = f"not run: fwd+bwd at T={T} took {row.train_ms / 1e3:.0f} s > budget {config.budget_s:.0f} s"
+        gc.collect()
+        say(f"[{case.name}] {sub.name} T={T}: {row.status} "
+            + (f"fwd {row.fwd_ms:.1f} ms, fwd+bwd {row.train_ms or 0:.1f} ms" if row.fwd_ms else row.note)
+            + (f", peak {row.peak_train_mib:.1f} MiB" if row.peak_train_mib is not None else ""))
+    return rows
+
+
+def _speedups(rows: list[Row]) -> None:
+    seq = {(r.case, r.T): r.train_ms for r in rows
+           if r.subject == "core:sequential" and r.status == "ok" and r.train_ms}
+    for r in rows:
+        if r.status != "ok" or r.subject == "core:sequential" or not r.train_ms:
+            continue
+        base = seq.get((r.case, r.T))
+        if base is None:
+            continue
+        if r.check not in ("passed",):
+            r.note = (r.note + "; " if r.note else "") + f"no speedup reported: equivalence check {r.check}"
+            continue
+        r.speedup = base / r.train_ms

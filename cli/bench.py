@@ -1,0 +1,135 @@
+"""``atlas bench``: time and peak memory of every strategy of each rule against sequence length.
+
+    atlas bench                                    # the full sweep of docs/benchmarks.md
+    atlas bench --rules delta,titans --lengths 512,1024 --plot bench.png
+    atlas bench --format json > bench.json
+
+Each rule runs every registered strategy that supports it side by side, plus the baselines of a
+source checkout (``benchmarks/baselines``: the seed 000 algorithm, titans-pytorch's NeuralMemory
+when installed). Before timing, each subject passes a float64 equivalence check against the
+rule's readable loop; a failure is marked and gets no speedup. Peak memory is the peak of live
+tensor bytes (`atlas_core.bench.memory`), which works on the CPU. The library lives in
+`atlas_core.bench`; ``benchmarks/bench_strategies.py`` is the same run as a script.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from .common import Failed, FormatOption, emit, examples, log, out_console
+
+EPILOG = examples(
+    "atlas bench --rules delta,titans --lengths 512,1024,2048",
+    "atlas bench --lengths 512,1024 --plot docs/img/bench.png --json bench.json",
+)
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of integers", param_hint=name)
+    if not values or min(values) < 1:
+        raise typer.BadParameter(f"{text!r}: give positive integers, e.g. 512,1024", param_hint=name)
+    return values
+
+
+def _human(data: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from atlas_core.bench.report import COLUMNS, _fmt
+
+    con = out_console()
+    table = Table(title="atlas bench (fwd: no_grad forward; fwd+bwd: training step; peak: live tensor bytes)")
+    for _, head in COLUMNS:
+        table.add_column(head, overflow="fold")
+    for r in data["rows"]:
+        cells = [_fmt(k, r[k]) for k, _ in COLUMNS]
+        if r["check"] not in ("passed", "reference", "external", "skipped"):
+            cells[3] = f"[red]{cells[3]}[/]"
+        table.add_row(*[c if i == 3 else escape(c) for i, c in enumerate(cells)])
+    con.print(table)
+    for c in data["checks"]:
+        if c["status"] not in ("passed", "reference"):
+            con.print(f"check {c['status']}: [{escape(c['case'])}] {escape(c['subject'])}: "
+                      f"{escape(c['detail'])}")
+    con.print("targets:")
+    for t in data["targets"]:
+        mark = {True: "[green]met[/]", False: "[red]not met[/]", None: "[yellow]n/a[/]"}[t["ok"]]
+        con.print(f"  {mark}  {escape(t['target'])}: {escape(t['measured'])}")
+    for p in data["problems"]:
+        con.print(f"[yellow]baseline not loaded[/]: {escape(p)}")
+    m = data["machine"]
+    con.print(f"{m['cpu']}, {m['torch_threads']} thread(s), torch {m['torch']}, load average "
+              f"{m.get('load_avg_start')} -> {m.get('load_avg_end')}, {data['seconds']:.0f} s")
+
+
+def bench(
+    rules: Annotated[str, typer.Option(help="comma-separated rules: titans, titans_deep, omega16, "
+                                       "atlas, atlas_linear, delta, titans_deep_layer")] =
+        "titans,titans_deep,omega16,atlas,delta,titans_deep_layer",
+    lengths: Annotated[str, typer.Option(help="comma-separated sequence lengths T")] =
+        "512,1024,2048,4096,8192,16384",
+    batch: Annotated[int, typer.Option(min=1, help="batch size B")] = 2,
+    heads: Annotated[int, typer.Option(min=1, help="heads H")] = 4,
+    dim: Annotated[int, typer.Option(min=1, help="per-head key and value size (Dk = Dv)")] = 64,
+    chunk: Annotated[int, typer.Option(min=1, help="chunk size C of the chunked strategies")] = 64,
+    strategies: Annotated[Optional[str], typer.Option(
+        help="only these registered strategies (comma-separated names); default: all that apply")] = None,
+    seq_max: Annotated[int, typer.Option(min=1, help="longest T for core:sequential")] = 4096,
+    repeats: Annotated[int, typer.Option(min=1, help="timed runs per point (median)")] = 3,
+    budget: Annotated[float, typer.Option(help="seconds: a subject slower than this per fwd+bwd "
+                                          "is not run at longer T")] = 120.0,
+    max_mem_gib: Annotated[float, typer.Option(help="skip runs a subject expects to need more")] = 6.0,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="torch intra-op threads")] = None,
+    memory: Annotated[bool, typer.Option("--memory/--no-memory", help="measure peak memory")] = True,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="run the equivalence gate")] = True,
+    baselines: Annotated[Optional[Path], typer.Option(
+        help="folder of baseline modules (default: benchmarks/baselines of the source checkout)")] = None,
+    no_baselines: Annotated[bool, typer.Option("--no-baselines", help="strategies only")] = False,
+    compile: Annotated[bool, typer.Option("--compile", help="run each subject through torch.compile")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="write the PNG plot here")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the JSON here")] = None,
+    fmt: FormatOption = None,
+) -> None:
+    """Time and peak memory against sequence length, every strategy side by side."""
+    from atlas_core.bench import BenchConfig, run_bench
+    from atlas_core.bench.report import plot as make_plot
+    from atlas_core.bench.subjects import default_baselines_dir, load_baselines
+
+    cfg = BenchConfig(
+        rules=[r.strip() for r in rules.split(",") if r.strip()], lengths=_ints(lengths, "--lengths"),
+        batch=batch, heads=heads, dim=dim, chunk=chunk, seq_max=seq_max, repeats=repeats,
+        budget_s=budget, max_mem_gib=max_mem_gib, memory=memory, check=check, threads=threads,
+        compile=compile,
+        strategies=[s.strip() for s in strategies.split(",")] if strategies else None,
+    )
+    cfg.validate()
+    subjects, problems = [], []
+    if not no_baselines:
+        subjects, problems = load_baselines(baselines or default_baselines_dir(), cfg)
+    result = run_bench(cfg, subjects, progress=log, problems=problems)
+    data = result.to_dict()
+    if plot is not None:
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        make_plot(result, plot)
+        log(f"plot written to {plot}")
+    if json_out is not None:
+        import json
+
+        json_out.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        log(f"JSON written to {json_out}")
+    emit(data, fmt, _human)
+    failed = [c for c in data["checks"] if c["status"] in ("FAILED", "error")]
+    if failed:
+        log(f"{len(failed)} subject(s) failed the equivalence check: no speedup reported for them")
+        raise Failed()
+
+
+def register(app: typer.Typer) -> None:
+    """Mount ``atlas bench`` on the root app."""
+    app.command("bench", epilog=EPILOG)(bench)
