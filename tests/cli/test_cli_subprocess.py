@@ -86,3 +86,34 @@ def test_bad_spec_exit_1_without_traceback_and_with_one_under_debug(env):
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "SpecFileError" in debug.stderr
     usage = atlas(["spec", "shwo"], e)
     assert usage.returncode == 2
+
+
+def test_every_command_still_works_with_a_broken_plugin(env):
+    """The broken plugin is installed; one process runs each command the way `atlas` would."""
+    e, _ = env
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "titans_lmm.toml")
+    code = textwrap.dedent(f"""
+        import sys
+        from atlas_cli.main import run
+        commands = [
+            ["spec", "validate", {example!r}],
+            ["spec", "show", {example!r}],
+            ["build", {example!r}, "--device", "meta"],
+            ["components", "show", "titans:mlp"],
+            ["--format", "json", "env"],
+        ]
+        for args in commands:
+            try:
+                run(args)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code or 0
+            print("EXIT", args[0] if args[0] != "--format" else args[2], code, file=sys.stderr)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=300)
+    exits = [line.split()[1:] for line in proc.stderr.splitlines() if line.startswith("EXIT ")]
+    assert exits == [["spec", "0"], ["spec", "0"], ["build", "0"], ["components", "0"], ["env", "0"]], proc.stderr
+    assert "Traceback" not in proc.stderr
+    env_json = json.loads(proc.stdout[proc.stdout.rindex("\n{") + 1:])  # the last command's output
+    fake = [p for p in env_json["plugins"] if p["namespace"] == "fake"]
+    assert fake and fake[0]["status"] == "failed"
