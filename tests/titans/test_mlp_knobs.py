@@ -172,3 +172,26 @@ def test_gradients_reach_every_input_for_dot_gd_none(strategy):
     (y.pow(2).sum() + s["W1"].sum()).backward()
     for name, x in [("q", leaves[0]), ("k", leaves[1]), ("v", leaves[2]), ("theta", theta), *W0.items()]:
         assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().max() > 0, name
+
+
+@pytest.mark.parametrize("strategy", ["core:sequential", {"use": "core:chunkwise", "chunk_size": 2}],
+                         ids=["sequential", "chunkwise2"])
+def test_gradcheck_through_initial_weights_and_momenta(strategy):
+    """test_mlp.py's gradcheck starts the momenta at zero; here they are inputs too."""
+    torch.manual_seed(0)
+    rule = ac.build_rule({"use": "titans:titans_deep", "read": "before",
+                          "structure": {"use": "titans:mlp", "expansion": 1.0, "activation": "tanh"}},
+                         heads=1, d_key=2, d_value=2).to(DT)
+    g = torch.Generator().manual_seed(4)
+    args = [torch.randn(1, 3, 1, 2, generator=g, dtype=DT) for _ in range(3)]  # q, k, v
+    args += [torch.randn(1, 3, 1, generator=g, dtype=DT) for _ in range(3)]  # gate logits
+    args += [0.5 * torch.randn(1, 1, 2, 2, generator=g, dtype=DT) for _ in range(4)]  # W1, W2, Z1, Z2
+    args = [a.requires_grad_(True) for a in args]
+
+    def f(q, k, v, a, e, th, W1, W2, Z1, Z2):
+        gates = {"alpha": torch.sigmoid(a), "eta": 0.9 * torch.sigmoid(e), "theta": 0.5 * torch.sigmoid(th)}
+        y, s = rule(q, k, v, gates=gates, state={"W1": W1, "W2": W2, "Z.W1": Z1, "Z.W2": Z2},
+                    strategy=strategy)
+        return y, s["W1"], s["Z.W2"]
+
+    assert torch.autograd.gradcheck(f, tuple(args), eps=1e-6, atol=1e-6)
