@@ -18,17 +18,18 @@ so the errors satisfy a unit lower-triangular C x C system (``L'[t, i] = L[t-1, 
     e_t + sum_{i<t} L'[t, i] theta_i (k_t . k_i) e_i = A_{t-1} S k_t - v_t
     (I + N) E = A' K S^T - V   =>   E = W S^T - U,  W = (I + N)^{-1} A' K,  U = (I + N)^{-1} V
 
-(the "UT transform": one triangular solve per chunk, independent of S, so every chunk is solved in
-one batched call). With ``P = L o (Q K^T) diag(theta)`` (``L'`` for ``read = "before"``):
+(the "UT transform": the unit lower-triangular matrix ``I + N`` does not depend on S). With
+``P = L o (Q K^T) diag(theta)`` (``L'`` for ``read = "before"``):
 
-    y      = A Q S^T - P E                        = (A Q - P W) S^T + P U
-    S_next = A_C S - E^T diag(L[C, :] theta) K    = S (A_C I - W^T Kd) + U^T Kd
+    y      = A Q S^T - P E
+    S_next = A_C S - E^T diag(L[C, :] theta) K
 
-Only the last line runs chunk after chunk: ``S <- S G_n + B_n`` with ``G_n: [Dk, Dk]``,
-``B_n: [Dv, Dk]`` precomputed for all chunks at once; the memory is kept at chunk boundaries only
-(``[B, H, T / C, Dv, Dk]``) and read back in one batched product. Cost O(T C d + T d^2), memory
-O(T C + T d + (T / C) d^2). The result equals ``core:sequential`` up to rounding for every C
-(there is no anchoring approximation); autograd differentiates through the solve.
+Everything that does not involve S (decay matrices, ``N``, ``P``, the scaled keys) is formed for all
+chunks in one batched pass; the loop over chunks then does, per chunk, two products with S, one
+C x C triangular solve, one product with P and the rank-C update of S. Only the memory at chunk
+boundaries is kept. Cost O(T C d + T d^2), memory O(T C + T d + (T / C) d^2). The result equals
+``core:sequential`` up to rounding for every C (there is no anchoring approximation); autograd
+differentiates through the solve.
 
 An Omega window of one token (``omega:window`` with ``window = 1`` around ``core:l2``) is supported
 too: its weight ``gamma_t * lag[0]`` multiplies theta_t. Refused (``supports``): momentum or any
@@ -115,7 +116,6 @@ class ExactChunk(Strategy):
         B, H, T = p.shape
         C = self.chunk_size
         S = p.state["M"]  # [B, H, Dv, Dk]
-        Dk = p.phik.shape[-1]
         lag0 = rule.bias.lag_weights(p.v.dtype, p.v.device)[0]
         theta = p.gates["theta"] * p.gamma * lag0  # the step size of token t, [B, H, T]
         if T == 0:
@@ -130,39 +130,29 @@ class ExactChunk(Strategy):
         K, Q, V = (rearrange(x, "b h (n c) d -> b h n c d", c=C) for x in (K, Q, V))
         theta, alpha = (rearrange(x, "b h (n c) -> b h n c", c=C) for x in (theta, alpha))
 
+        after = rule.read == "after"
+        # everything that does not depend on the memory, for all chunks at once
         L = decay_matrix(alpha)  # [B, H, N, C, C]: L[t, i] = prod_{i<m<=t} alpha_m
         Lp = _shift_down(L, torch.zeros_like(L[..., :1, :]), dim=-2)  # L[t-1, i], strictly lower
         A = torch.cumprod(alpha, dim=-1)  # A_t
         Ap = _shift_down(A, torch.ones_like(A[..., :1]), dim=-1)  # A_{t-1}
-        th = theta.unsqueeze(-2)  # theta_i along columns
-        Nm = Lp * (K @ K.transpose(-1, -2)) * th  # strictly lower; the solve takes I + Nm
-        rhs = torch.cat([Ap.unsqueeze(-1) * K, V], dim=-1)
-        WU = torch.linalg.solve_triangular(Nm, rhs, upper=False, unitriangular=True)
-        W, U = WU[..., :Dk], WU[..., Dk:]  # E = W S^T - U
-        if rule.read == "after":
-            P, Aq = L * (Q @ K.transpose(-1, -2)) * th, A
-        else:  # y_t = M_{t-1} q_t
-            P, Aq = Lp * (Q @ K.transpose(-1, -2)) * th, Ap
-        Qe = Aq.unsqueeze(-1) * Q - P @ W  # y = Qe S^T + P U
-        Yu = P @ U
-        Kd = (L[..., -1, :] * theta).unsqueeze(-1) * K  # row C of L, times theta: [B, H, N, C, Dk]
-        eye = torch.eye(Dk, dtype=K.dtype, device=K.device)
-        G = A[..., -1, None, None] * eye - W.transpose(-1, -2) @ Kd  # [B, H, N, Dk, Dk]
-        Bm = U.transpose(-1, -2) @ Kd  # [B, H, N, Dv, Dk]
-
-        # the only sequential part: one d x d product per chunk. unbind (not indexing in the
-        # loop) so that the backward stacks the chunk gradients once instead of N full-size adds
-        Gs = rearrange(G, "b h n i j -> n (b h) i j").unbind(0)
-        Bs = rearrange(Bm, "b h n i j -> n (b h) i j").unbind(0)
-        S = S.flatten(0, 1)
-        starts = []
-        for Gn, Bn in zip(Gs, Bs):
-            starts.append(S)
-            S = torch.baddbmm(Bn, S, Gn)
-        Ss = rearrange(torch.stack(starts, dim=1), "(b h) n i j -> b h n i j", b=B)  # chunk starts
-        S = S.view(B, H, *S.shape[1:])
-        y = Qe @ Ss.transpose(-1, -2) + Yu  # [B, H, N, C, Dv]
-        y = rearrange(y, "b h n c d -> b h (n c) d")[:, :, :T]
+        KtT = (theta.unsqueeze(-1) * K).transpose(-1, -2)  # (diag(theta) K)^T: [B, H, N, Dk, C]
+        Nm = Lp * (K @ KtT)  # strictly lower: the system is (I + Nm) E = ...
+        P = (L if after else Lp) * (Q @ KtT)  # intra-chunk read weights
+        Ks = Ap.unsqueeze(-1) * K  # A_{t-1} k_t
+        Qs = (A if after else Ap).unsqueeze(-1) * Q
+        Kd = L[..., -1, :].unsqueeze(-2) * KtT  # L[C, i] theta_i k_i, as columns: [B, H, N, Dk, C]
+        AC = A[..., -1, None, None]  # A_C: [B, H, N, 1, 1]
+        # chunk after chunk: the errors at the true memory (one triangular solve), the reads, the
+        # memory at the next boundary. unbind (not indexing) keeps the backward one op per tensor.
+        ys = []
+        for Ksn, Qsn, Vn, Nn, Pn, Kdn, ACn in zip(Ks.unbind(2), Qs.unbind(2), V.unbind(2),
+                                                 Nm.unbind(2), P.unbind(2), Kd.unbind(2), AC.unbind(2)):
+            St = S.transpose(-1, -2)
+            E = torch.linalg.solve_triangular(Nn, Ksn @ St - Vn, upper=False, unitriangular=True)
+            ys.append(Qsn @ St - Pn @ E)
+            S = ACn * S - (Kdn @ E).transpose(-1, -2)
+        y = rearrange(torch.stack(ys, dim=2), "b h n c d -> b h (n c) d")[:, :, :T]
         return y, rule._final_state({"M": S}, {}, p.phik, p.v, p.gamma)
 
 
