@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from atlas_core.host.manager import get_host, reset_host
 from atlas_core.spec import load_spec
+from atlas_cli.common import set_global_format
 from atlas_cli.main import make_app
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
@@ -62,10 +63,13 @@ def bad_dir(tmp_path_factory):
 
 @pytest.fixture
 def real_host():
-    """The installed plugins only (other CLI tests install a toy host)."""
+    """The installed plugins only (other CLI tests install a toy host). Afterwards the CLI's
+    process-wide output format is reset: a later test that drives a sub-app directly (without the
+    root callback that sets it) must not inherit this test's ``--format json``."""
     reset_host(None)
     yield get_host()
     reset_host(None)
+    set_global_format(None)
 
 
 def invoke(args):
