@@ -11,6 +11,8 @@ table), each in its own run directory, and one row is reported per spec:
   counted: they do not depend on the rule);
 - ``params``, ``accuracy`` (held-out, at the end), ``eval_loss``, ``time_s`` (training wall time).
 
+Without ``out`` the runs live in a temporary directory that is removed after the table is made.
+
 Zoology (Arora et al. 2023) predicts that at equal state size l2 (delta-rule) memories recall far
 better than dot-product (Hebbian) ones; the table shows whatever the runs give.
 """
@@ -74,11 +76,8 @@ def compare(
     on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Train each spec under the same setting; returns one row per spec (module docstring)."""
-    from ..model import build_model
     from ..spec import load_spec
     from .params import resolve_task
-    from .setup import TrainOptions
-    from .trainer import train
 
     if not specs:
         raise ValueError("give at least one spec to compare")
@@ -102,7 +101,17 @@ def compare(
     if len(tasks) > 1:
         raise SpecError([Issue("train.task", "the specs train on different tasks; pass --task to "
                                "compare them on one", sorted(tasks)[0])])
-    root = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="atlas-compare-"))
+    with tempfile.TemporaryDirectory(prefix="atlas-compare-") as scratch:
+        # without `out` the runs are scratch: removed once the table is made
+        root = Path(out) if out is not None else Path(scratch)
+        return _train_all(loaded, root, progress, on_row, keep=out is not None)
+
+
+def _train_all(loaded, root: Path, progress: bool, on_row, keep: bool) -> list[dict[str, Any]]:
+    from ..model import build_model
+    from .setup import TrainOptions
+    from .trainer import train
+
     rows = []
     for i, spec in enumerate(loaded):
         run_dir = root / f"{i + 1:02d}-{spec.name}"
@@ -118,7 +127,7 @@ def compare(
             "time_s": result["time_s"],
             "steps": result["steps"],
             "task": result["task"],
-            "run_dir": result["run_dir"],
+            "run_dir": result["run_dir"] if keep else None,
         }
         rows.append(row)
         if on_row is not None:
