@@ -62,7 +62,8 @@ def train(
     except KeyboardInterrupt:
         sys.stderr.write("stopped by a second Ctrl-C without saving; the last checkpoint is untouched\n")
         raise typer.Exit(130) from None
-    emit(result, fmt, human)
+    if result.get("rank", 0) == 0:  # under torchrun every rank runs this command; one reports
+        emit(result, fmt, human)
 
 
 def register(app: typer.Typer) -> None:

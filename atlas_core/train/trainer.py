@@ -265,6 +265,7 @@ class Trainer:
             "time_s": self.elapsed(),
             "tokens_per_s": self.tokens_seen / max(self.elapsed(), 1e-9),
             "world_size": self.dist.world,
+            "rank": self.dist.rank,
             "device": self.device,
             "run_dir": str(plan.run_dir),
             "checkpoint": str(path) if path else None,
