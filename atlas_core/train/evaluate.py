@@ -32,34 +32,36 @@ from .tasks import IGNORE_INDEX, Task
 EVAL_SEED_OFFSET = 1_000_003
 
 
-def task_table(task: Any, model_vocab: int, seq_len: int | None = None, registry=None) -> dict:
+def task_table(task: Any, model_vocab: int, seq_len: int | None = None, registry=None,
+               path: str = "train.task") -> dict:
     """``{"use": name, **params}`` with vocab_size / seq_len filled as described above."""
     if registry is None:
         from ..host.manager import get_registry
 
         registry = get_registry()
-    name, raw = split_use(task, "train.task")
-    comp = registry.get("task", name, "train.task")
+    name, raw = split_use(task, path)
+    comp = registry.get("task", name, path)
     fields = comp.load_params().model_fields
     raw = dict(raw)
     if "vocab_size" in fields and "vocab_size" not in raw:
         raw["vocab_size"] = model_vocab
     if seq_len is not None:
         if "seq_len" not in fields:
-            raise SpecError([Issue("train.seq_len", f"task {comp.name} has no seq_len", seq_len,
-                                   "remove train.seq_len")])
+            raise SpecError([Issue(f"{path}.seq_len", f"task {comp.name} has no seq_len", seq_len,
+                                   "leave the sequence length out")])
         raw["seq_len"] = seq_len
     return {"use": comp.name, **raw}
 
 
-def build_task(task: Any, model_vocab: int, seq_len: int | None = None, registry=None) -> Task:
+def build_task(task: Any, model_vocab: int, seq_len: int | None = None, registry=None,
+               path: str = "train.task") -> Task:
     """The task of a ``[train]`` table for a model with ``model_vocab`` ids (see above)."""
     if registry is None:
         from ..host.manager import get_registry
 
         registry = get_registry()
-    table = task_table(task, model_vocab, seq_len, registry)
-    built = registry.build("task", table, path="train.task")
+    table = task_table(task, model_vocab, seq_len, registry, path)
+    built = registry.build("task", table, path=path)
     if built.vocab_size > model_vocab:
         raise SpecError([Issue(
             "model.vocab_size",

@@ -56,7 +56,7 @@ def open_checkpoint(path: str, device: str = "auto") -> tuple[Checkpoint, torch.
 
 def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     """The task to evaluate ``ckpt`` on (see the module docstring)."""
-    from ..host.manager import get_registry
+    from .params import resolve_task
 
     vocab = int(ckpt.spec.model.get("vocab_size", 0))
     trained = ckpt.meta.get("task") or {}
@@ -64,16 +64,16 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     if task is None:
         table = {"use": trained_use, **trained.get("params", {})}
     else:
-        name, raw = split_use(task, "--task")
-        comp = get_registry().get("task", name, "--task")
-        if comp.name == trained_use:
-            table = {"use": comp.name, **trained.get("params", {}), **raw}
+        resolved = resolve_task(task, "--task")  # unknown names get a suggestion
+        name, raw = split_use(resolved, "--task")
+        if name == trained_use:
+            table = {"use": name, **trained.get("params", {}), **raw}
         else:
-            table = {"use": comp.name, **raw}
+            table = {"use": name, **raw}
     if table.get("use") is None:
         raise SpecError([Issue("--task", "the checkpoint records no task; name one", None,
                                "e.g. --task mqar")])
-    built = held_out(build_task(table, vocab, seq_len))
+    built = held_out(build_task(table, vocab, seq_len, path="--task"))
     codec = TextCodec.from_task_meta(trained)
     if getattr(built, "name", "") == "text" and built.params.mode == "char":
         if codec is None or codec.vocab != tuple(built.vocab):

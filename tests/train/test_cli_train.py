@@ -66,6 +66,9 @@ def test_eval_json_and_task_override(trained):
     assert "num_pairs=3" in got["task"] and got["tokens"] == 32 * 3
     human = invoke(["eval", str(out), "--batches", "1"])
     assert human.exit_code == 0 and "accuracy" in human.stdout
+    _one_error_line(invoke(["eval", str(out), "--task", "mqarr"]), "did you mean 'mqar'")
+    _one_error_line(invoke(["eval", str(out), "--seq-len", "4"]),
+                    "--task.num_pairs: num_pairs=2 needs seq_len >= 4 * num_pairs = 8")
 
 
 def test_generate_ids(trained):
