@@ -1,1 +1,18 @@
-"""Training: on-the-fly tasks, the trainer and checkpoints."""
+"""Training: on-the-fly tasks, the trainer and checkpoints.
+
+========================  ==========================================================================
+``params``                the ``[train]`` table (`TrainParams`), validated with the spec
+``tasks``                 mqar, copy, selective_copy, sniah, text: seeded ``(inputs, targets)`` batches
+``optim``                 AdamW groups, warm-up + cosine schedule, optimiser state as named tensors
+``setup``                 command-line options -> a checked `Plan` (spec, overrides, resume, run dir)
+``trainer``               the loop (`Trainer`, `train`): steps, evaluation, checkpoints, Ctrl-C
+``evaluate``              the task of a model, loss / accuracy / perplexity over counted targets
+``checkpoint``            atomic safetensors + JSON + TOML checkpoints, verified on load, no pickle
+``distributed``           data parallelism over ``torch.distributed`` (spawn or torchrun)
+``metrics``               the JSONL log and the PNG curve
+``inference``, ``codec``  ``atlas eval`` / ``atlas generate`` on a checkpoint
+``compare``               several specs on one setting, one table (``atlas compare``)
+========================  ==========================================================================
+
+Nothing is imported here: ``import atlas_core.train`` stays cheap (no torch).
+"""
