@@ -91,7 +91,8 @@ def targets(result) -> list[dict[str, Any]]:
     else:
         add(t, None, "not measured (needs T=1024 and T=16384)")
 
-    t = "deep memory layer, chunk 64: atlas (titans:mlp) faster than titans-pytorch NeuralMemory, fwd+bwd"
+    t = (f"deep memory layer, chunk {result.config.get('chunk')}: atlas (titans:mlp) faster than "
+         "titans-pytorch NeuralMemory, fwd+bwd")
     ratios = []
     for T in _lengths(result, "titans_deep_layer", "atlas MemoryLayer"):
         ours = _find(result, "titans_deep_layer", "atlas MemoryLayer", T)
