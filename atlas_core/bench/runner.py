@@ -250,7 +250,7 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
     for T in sorted(config.lengths):
         row = Row(case.name, sub.name, sub.group, T, check=check.status)
         rows.append(row)
-        is_seq = getattr(sub, "strategy", None) == "core:sequential"
+        is_seq = getattr(sub, "strategy", None) == "core:sequential" or getattr(sub, "is_sequential", False)
         limit = config.max_mem_gib * 1024 ** 3
         est_fwd = sub.memory_estimate(case, config.sizes, T, train=False)
         est_train = sub.memory_estimate(case, config.sizes, T, train=True)
@@ -258,7 +258,7 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
         if stop:
             row.status, row.note = "skipped", stop
         elif is_seq and T > config.seq_max:
-            row.status, row.note = "skipped", f"core:sequential is capped at T <= {config.seq_max}"
+            row.status, row.note = "skipped", f"sequential loops are capped at T <= {config.seq_max}"
         elif est_fwd is not None and est_fwd > limit:
             row.status = "skipped"
             row.note = f"needs about {est_fwd / 1024 ** 3:.1f} GiB > --max-mem-gib {config.max_mem_gib}"
