@@ -247,6 +247,7 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
                     note=f"setup failed: {type(exc).__name__}: {exc}") for T in config.lengths]
     forward = _compiled(sub) if config.compile else sub.forward
     stop = ""
+    last_peak: tuple[int, float] | None = None  # (T, GiB) of the last measured point
     for T in sorted(config.lengths):
         row = Row(case.name, sub.name, sub.group, T, check=check.status)
         rows.append(row)
@@ -255,6 +256,10 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
         est_fwd = sub.memory_estimate(case, config.sizes, T, train=False)
         est_train = sub.memory_estimate(case, config.sizes, T, train=True)
         with_train = est_train is None or est_train <= limit
+        if not stop and last_peak and last_peak[1] * T / last_peak[0] > config.max_mem_gib:
+            # memory grows at least linearly in T: do not start a run that cannot fit
+            stop = (f"not run: the peak at T={last_peak[0]} ({last_peak[1]:.1f} GiB), scaled to "
+                    f"T={T}, exceeds --max-mem-gib {config.max_mem_gib}")
         if stop:
             row.status, row.note = "skipped", stop
         elif is_seq and T > config.seq_max:
@@ -272,9 +277,13 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
                 row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
             if row.train_ms is not None and row.train_ms > config.budget_s * 1e3:
                 stop = f"not run: fwd+bwd at T={T} took {row.train_ms / 1e3:.0f} s > budget {config.budget_s:.0f} s"
+            peak = max(row.peak_train_mib or 0.0, row.peak_fwd_mib or 0.0) / 1024
+            if peak:
+                last_peak = (T, peak)
         gc.collect()
         say(f"[{case.name}] {sub.name} T={T}: {row.status} "
-            + (f"fwd {row.fwd_ms:.1f} ms, fwd+bwd {row.train_ms or 0:.1f} ms" if row.fwd_ms else row.note)
+            + (f"fwd {row.fwd_ms:.1f} ms, fwd+bwd " + (f"{row.train_ms:.1f} ms" if row.train_ms else "not run")
+               if row.fwd_ms else row.note)
             + (f", peak {row.peak_train_mib:.1f} MiB" if row.peak_train_mib is not None else ""))
     return rows
 
