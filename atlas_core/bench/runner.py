@@ -247,7 +247,7 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
                     note=f"setup failed: {type(exc).__name__}: {exc}") for T in config.lengths]
     forward = _compiled(sub) if config.compile else sub.forward
     stop = ""
-    last_peak: tuple[int, float] | None = None  # (T, GiB) of the last measured point
+    last_peak: dict[str, tuple[int, float]] = {}  # "train" / "fwd" -> (T, GiB) last measured
     for T in sorted(config.lengths):
         row = Row(case.name, sub.name, sub.group, T, check=check.status)
         rows.append(row)
@@ -255,11 +255,16 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
         limit = config.max_mem_gib * 1024 ** 3
         est_fwd = sub.memory_estimate(case, config.sizes, T, train=False)
         est_train = sub.memory_estimate(case, config.sizes, T, train=True)
+        # memory grows at least linearly in T: a run whose last measured peak, scaled to this T,
+        # exceeds the limit is not started (fwd+bwd and forward judged separately)
+        scaled = {k: v[1] * T / v[0] for k, v in last_peak.items()}
+        if scaled.get("train", 0.0) > config.max_mem_gib and est_train is None:
+            est_train = int(scaled["train"] * 1024 ** 3)
         with_train = est_train is None or est_train <= limit
-        if not stop and last_peak and last_peak[1] * T / last_peak[0] > config.max_mem_gib:
-            # memory grows at least linearly in T: do not start a run that cannot fit
-            stop = (f"not run: the peak at T={last_peak[0]} ({last_peak[1]:.1f} GiB), scaled to "
-                    f"T={T}, exceeds --max-mem-gib {config.max_mem_gib}")
+        if not stop and scaled.get("fwd", 0.0) > config.max_mem_gib:
+            stop = (f"not run: the forward peak at T={last_peak['fwd'][0]} "
+                    f"({last_peak['fwd'][1]:.1f} GiB), scaled to T={T}, exceeds --max-mem-gib "
+                    f"{config.max_mem_gib}")
         if stop:
             row.status, row.note = "skipped", stop
         elif is_seq and T > config.seq_max:
@@ -269,17 +274,17 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
             row.note = f"needs about {est_fwd / 1024 ** 3:.1f} GiB > --max-mem-gib {config.max_mem_gib}"
         else:
             if not with_train:
-                row.note = (f"forward only: fwd+bwd needs about {est_train / 1024 ** 3:.1f} GiB > "
-                            f"--max-mem-gib {config.max_mem_gib}")
+                row.note = (f"forward only: fwd+bwd would need about {est_train / 1024 ** 3:.1f} GiB "
+                            f"> --max-mem-gib {config.max_mem_gib}")
             try:
                 _measure(sub, ctx, case, config, T, row, forward, with_train)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the benchmark
                 row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
             if row.train_ms is not None and row.train_ms > config.budget_s * 1e3:
                 stop = f"not run: fwd+bwd at T={T} took {row.train_ms / 1e3:.0f} s > budget {config.budget_s:.0f} s"
-            peak = max(row.peak_train_mib or 0.0, row.peak_fwd_mib or 0.0) / 1024
-            if peak:
-                last_peak = (T, peak)
+            for key, mib in (("train", row.peak_train_mib), ("fwd", row.peak_fwd_mib)):
+                if mib:
+                    last_peak[key] = (T, mib / 1024)
         gc.collect()
         say(f"[{case.name}] {sub.name} T={T}: {row.status} "
             + (f"fwd {row.fwd_ms:.1f} ms, fwd+bwd " + (f"{row.train_ms:.1f} ms" if row.train_ms else "not run")
