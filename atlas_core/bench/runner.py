@@ -98,9 +98,14 @@ class BenchResult:
     def to_dict(self) -> dict[str, Any]:
         from .report import targets
 
+        problems = list(self.problems)
+        try:
+            tg = targets(self)
+        except Exception as exc:  # noqa: BLE001 - a report bug must not lose the measurements
+            tg, problems = [], problems + [f"targets: {type(exc).__name__}: {exc}"]
         return {"config": self.config, "machine": self.machine, "checks": self.checks,
-                "rows": [asdict(r) for r in self.rows], "targets": targets(self),
-                "problems": self.problems, "seconds": self.seconds}
+                "rows": [asdict(r) for r in self.rows], "targets": tg,
+                "problems": problems, "seconds": self.seconds}
 
 
 def machine_info() -> dict[str, Any]:
@@ -289,7 +294,8 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
         say(f"[{case.name}] {sub.name} T={T}: {row.status} "
             + (f"fwd {row.fwd_ms:.1f} ms, fwd+bwd " + (f"{row.train_ms:.1f} ms" if row.train_ms else "not run")
                if row.fwd_ms else row.note)
-            + (f", peak {row.peak_train_mib:.1f} MiB" if row.peak_train_mib is not None else ""))
+            + (f", peak fwd {row.peak_fwd_mib:.1f} MiB" if row.peak_fwd_mib is not None else "")
+            + (f", peak fwd+bwd {row.peak_train_mib:.1f} MiB" if row.peak_train_mib is not None else ""))
     return rows
 
 
