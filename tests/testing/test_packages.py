@@ -11,6 +11,7 @@ host environment: nothing is downloaded) and the packages are installed with ``-
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,12 @@ def venv(tmp_path_factory):
     root = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)],
                    check=True, timeout=120)
+    # When the tests themselves run in a virtual environment, "system" site-packages means the base
+    # interpreter's: add this environment's own (where torch and atlas-memory are installed), with
+    # their .pth files processed (an editable install is one), after the new venv's own.
+    purelib = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    lines = [f"import site; site.addsitedir({d!r})" for d in site.getsitepackages()]
+    (purelib / "zz_parent_env.pth").write_text("\n".join(lines) + "\n")
     return root / "bin" / "python"
 
 
