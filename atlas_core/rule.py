@@ -282,23 +282,28 @@ class ComposedRule(Rule):
         opt = {k: p.state[k] for k in self.algorithm.init_opt(W)}
         xk, xv, xg = self._extended(p)
         lag = self.bias.lag_weights(p.v.dtype, p.v.device).flip(0)  # oldest .. newest
+        # Per-token pieces are cut once (unbind / unfold), not sliced inside the loop: the backward
+        # of a slice writes a zero gradient as long as the whole sequence, T of them cost O(T^2).
+        psi_t = p.psi.unsqueeze(3).unbind(2)  # token t: [B, H, 1, Dphi]
+        xw_t, vw_t = (_windows(x, c, T) for x in (xk, xv))  # the window ending at t: [B, H, c, .]
+        wts_t = (_windows(xg, c, T) * lag).unbind(2) if T else ()  # [B, H, c]
+        alpha_t = p.alpha.unbind(2)
+        gates_t = {n: x.unbind(2) for n, x in p.gates.items()}
         ys = []
         anchor = W
         for t in range(T):
             if t % anchor_every == 0:
                 anchor = W
             if self.read == "before":
-                ys.append(S.read(W, p.psi[:, :, t : t + 1]))
-            xw, vw = xk[:, :, t : t + c], xv[:, :, t : t + c]  # the window ending at t
-            wts = xg[:, :, t : t + c] * lag  # [B, H, c]
-            u = self.bias.error(S.read(anchor, xw), vw) * wts.unsqueeze(-1)
-            g = S.grad(anchor, xw, u)
-            gates_t = {n: x[:, :, t] for n, x in p.gates.items()}
+                ys.append(S.read(W, psi_t[t]))
+            u = self.bias.error(S.read(anchor, xw_t[t]), vw_t[t]) * wts_t[t].unsqueeze(-1)
+            g = S.grad(anchor, xw_t[t], u)
             W, opt = self.algorithm.step(
-                W, opt, g, alpha=p.alpha[:, :, t], gates=gates_t, retention=self.retention
+                W, opt, g, alpha=alpha_t[t], gates={n: x[t] for n, x in gates_t.items()},
+                retention=self.retention,
             )
             if self.read == "after":
-                ys.append(S.read(W, p.psi[:, :, t : t + 1]))
+                ys.append(S.read(W, psi_t[t]))
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         return y, self._final_state(W, opt, xk, xv, xg)
 
@@ -325,6 +330,17 @@ class ComposedRule(Rule):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.spec.items())
+
+
+def _windows(x: torch.Tensor, c: int, T: int):
+    """The c-token windows of an extended sequence ``x: [B, H, c - 1 + T, ...]``: window t holds
+    positions t .. t + c - 1 (token t last). A tuple of T tensors ``[B, H, c, ...]`` for feature
+    tensors; for a ``[B, H, c - 1 + T]`` tensor one stacked ``[B, H, T, c]`` tensor."""
+    if x.dim() == 3:
+        return x.unfold(2, c, 1)
+    if T == 0:
+        return ()
+    return x.unfold(2, c, 1).movedim(-1, 3).unbind(2)
 
 
 # -- building -----------------------------------------------------------------------------------
