@@ -133,6 +133,16 @@ class Chunkwise(Strategy):
             "momentum",
         )
 
+    def dual_path(self, rule) -> bool:
+        """The dual form (`_dual_chunk`): gd or momentum on a structure that gives its per-token
+        gradients as rank-one factors and its read as a chain of matrix products."""
+        S = rule.structure
+        return (
+            getattr(rule.algorithm, "linear_form", None) in ("gd", "momentum")
+            and callable(getattr(S, "grad_factors", None))
+            and callable(getattr(S, "apply_layers", None))
+        )
+
     def run(self, rule, inputs):
         backend = select_backend(self, rule, inputs, self.params.backend)
         if backend is not None:
@@ -148,6 +158,7 @@ class Chunkwise(Strategy):
         xk, xv, xg = rule._extended(p)
         lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
         fast = self.fast_path(rule)
+        dual = not fast and self.dual_path(rule)
         # Per-chunk pieces are cut by one op per tensor (split / unfold), not by slicing inside the
         # loop: the backward of a slice writes a zero gradient as long as the whole sequence, so
         # T / C slices would cost O(T^2 / C); split's and unfold's backward is one op each.
@@ -165,19 +176,21 @@ class Chunkwise(Strategy):
             L = decay_matrix(alpha)  # [B, H, n, n]
             A = torch.cumprod(alpha, dim=-1)  # [B, H, n]
             U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
-            step = self._linear_chunk if fast else self._generic_chunk
+            step = self._linear_chunk if fast else (self._dual_chunk if dual else self._generic_chunk)
             y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i], alpha)
             ys.append(y)
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         return y, rule._final_state(W, opt, xk, xv, xg)
 
-    def _linear_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
-        M0 = W["M"]  # (B, H, Dv, Dphi)
+    @staticmethod
+    def _kernels(rule, Wm, L, A, gates):
+        """The chunk's coefficients for gd / momentum (see the module docstring): K (the update
+        of M_t by each token's gradient), KZ (of Z_t; None for gd), PL (of Z_0 in M_t; None for
+        gd), and the rows the reads use — Kr, Ar, PLr — shifted to M_{t-1} for ``read = "before"``."""
         theta = gates["theta"]
-        KZ = None
+        KZ = PL = None
         if rule.algorithm.linear_form == "gd":
             K = L @ (theta.unsqueeze(-1) * Wm)  # [B, H, n, m]
-            PL = None
         else:
             eta = gates["eta"]
             KZ = decay_matrix(eta) @ (theta.unsqueeze(-1) * Wm)  # Z_t's coefficients
@@ -188,6 +201,11 @@ class Chunkwise(Strategy):
             Kr = _shift_rows(K, torch.zeros_like(K[:, :, :1]))
             Ar = _shift_rows(Ar, torch.ones_like(Ar[:, :, :1]))
             PLr = None if PL is None else _shift_rows(PL, torch.zeros_like(PL[:, :, :1]))
+        return K, KZ, PL, Kr, Ar, PLr
+
+    def _linear_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
+        M0 = W["M"]  # (B, H, Dv, Dphi)
+        K, KZ, PL, Kr, Ar, PLr = self._kernels(rule, Wm, L, A, gates)
         scores = psi @ xe.transpose(-1, -2)  # (phi_l . psi_t): [B, H, n, m]
         y = Ar * (psi @ M0.transpose(-1, -2)) - (Kr * scores) @ U
         M = A[:, :, -1, None, None] * M0 - torch.einsum("bhl,bhlv,bhlp->bhvp", K[:, :, -1], U, xe)
@@ -199,6 +217,40 @@ class Chunkwise(Strategy):
             Z = Pn * Z0 + torch.einsum("bhl,bhlv,bhlp->bhvp", KZ[:, :, -1], U, xe)
             opt = {"Z.M": Z}
         return y, {"M": M}, opt
+
+    def _dual_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
+        """gd / momentum on a structure with rank-one per-token gradients (`grad_factors`) whose
+        read is a chain of matrix products (`apply_layers`), e.g. ``titans:mlp``: the dual form.
+
+        Each weight after token t is ``W_t = A_t W_0 - PL_t Z_0 - sum_l K[t, l] delta_l z_l^T``,
+        so a layer applied to token t's input r_t is
+        ``A_t W_0 r_t - PL_t Z_0 r_t - sum_l K[t, l] (z_l . r_t) delta_l``: the linear path's
+        masked product, once per layer. No per-token weights are formed: O(C^2 + C d) per layer
+        instead of O(C |W|)."""
+        S = rule.structure
+        fac = S.grad_factors(W, xe, U)  # {k: (delta [B, H, m, out], z [B, H, m, in])}
+        K, KZ, PL, Kr, Ar, PLr = self._kernels(rule, Wm, L, A, gates)
+        Z0 = {k: opt[f"Z.{k}"] for k in W} if PL is not None else None
+
+        def layer(name, r):  # r: [B, H, n, in] (token t's input to this layer, at its own weights)
+            delta, z = fac[name]
+            out = Ar * (r @ W[name].transpose(-1, -2)) - (Kr * (r @ z.transpose(-1, -2))) @ delta
+            if Z0 is not None:
+                out = out - PLr * (r @ Z0[name].transpose(-1, -2))
+            return out
+
+        y = S.apply_layers(psi, layer)
+        An, Kn = A[:, :, -1, None, None], K[:, :, -1]
+        new = {}
+        for k, (delta, z) in fac.items():
+            new[k] = An * W[k] - torch.einsum("bhl,bhlo,bhli->bhoi", Kn, delta, z)
+        if Z0 is not None:
+            Pn = torch.cumprod(gates["eta"], dim=-1)[:, :, -1, None, None]
+            opt = {}
+            for k, (delta, z) in fac.items():
+                new[k] = new[k] - PL[:, :, -1, :, None] * Z0[k]
+                opt[f"Z.{k}"] = Pn * Z0[k] + torch.einsum("bhl,bhlo,bhli->bhoi", KZ[:, :, -1], delta, z)
+        return y, new, opt
 
     def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
         S = rule.structure

@@ -22,6 +22,9 @@ gradient of every layer would be zero and the memory could never learn.
 The inner gradients come from autograd through ``torch.func`` (``vjp`` for the gradient of
 ``sum_n <M(x_n), u_n>``, ``vmap`` over tokens for per-token gradients). Both compose with the outer
 autograd, so the outer loop trains through the inner one (second derivatives of the activation).
+`grad_factors` gives each per-token gradient as its rank-one factors (``delta_n z_n^T`` per layer)
+and `apply_layers` the read with its matrix products delegated: together they let
+``core:chunkwise`` read every token at its own weights without forming them (the dual form).
 """
 
 from __future__ import annotations
@@ -98,23 +101,26 @@ class MLPMemory(Structure):
         }
 
     # -- reads ----------------------------------------------------------------------------------
-    def _mlp(self, W: dict, x: torch.Tensor, eq: str) -> torch.Tensor:
+    def apply_layers(self, x: torch.Tensor, linear) -> torch.Tensor:
+        """The read with every matrix product delegated: ``linear(name, h)`` returns the layer
+        ``name`` applied to ``h: [B, H, N, in]`` as ``[B, H, N, out]``. `read` passes a plain
+        product; ``core:chunkwise``'s dual form passes a product with per-token weights."""
         h = x
         for i in range(1, self.depth + 1):
-            h = torch.einsum(eq, W[f"W{i}"], h)
+            h = linear(f"W{i}", h)
             if i < self.depth:
                 h = self.act(h)
         return x + h if self.residual else h
 
     def read(self, W: dict, x: torch.Tensor) -> torch.Tensor:
         # W_i: (B, H, out, in), x: (B, H, N, in) -> (B, H, N, out)
-        return self._mlp(W, x, "bhoi,bhni->bhno")
+        return self.apply_layers(x, lambda name, h: h @ W[name].transpose(-1, -2))
 
     def read_per_token(self, Wt: dict, x: torch.Tensor) -> torch.Tensor:
         # W_i: (B, H, N, out, in), x: (B, H, N, in) -> (B, H, N, out)
-        return self._mlp(Wt, x, "bhnoi,bhni->bhno")
+        return self.apply_layers(x, lambda name, h: torch.einsum("bhnoi,bhni->bhno", Wt[name], h))
 
-    # -- inner gradients (autograd through torch.func) ------------------------------------------
+    # -- inner gradients -------------------------------------------------------------------------
     def grad(self, W: dict, x: torch.Tensor, u: torch.Tensor) -> dict:
         """d/dW of ``sum_n <M(x_n), u_n>``: one VJP of the read. ``{k: [B, H, *s]}``."""
         _, pull = torch.func.vjp(lambda w: self.read(w, x), dict(W))
@@ -127,6 +133,28 @@ class MLPMemory(Structure):
             return self.grad(W, x1.unsqueeze(2), u1.unsqueeze(2))
 
         return torch.func.vmap(one, in_dims=(2, 2), out_dims=2)(x, u)
+
+    def grad_factors(self, W: dict, x: torch.Tensor, u: torch.Tensor) -> dict:
+        """Token n's gradient of ``<M(x_n), u_n>`` w.r.t. each layer is rank one,
+        ``delta_n z_n^T`` (z: the layer's input, delta: the derivative at its output), so
+        ``grad_per_token(W, x, u)[k][:, :, n] == delta[:, :, n, :, None] * z[:, :, n, None, :]``.
+        Returns ``{k: (delta [B, H, N, out], z [B, H, N, in])}`` — backpropagation by hand, the
+        activation's derivative through ``torch.func.vjp`` (so it stays twice differentiable)."""
+        zs, pre = [], []
+        h = x
+        for i in range(1, self.depth + 1):
+            zs.append(h)
+            h = h @ W[f"W{i}"].transpose(-1, -2)
+            pre.append(h)
+            if i < self.depth:
+                h = self.act(h)
+        delta, out = u, {}
+        for i in range(self.depth, 0, -1):
+            out[f"W{i}"] = (delta, zs[i - 1])
+            if i > 1:
+                _, pull = torch.func.vjp(self.act, pre[i - 2])
+                delta = pull(delta @ W[f"W{i}"])[0]
+        return out
 
     def extra_repr(self) -> str:
         p = self.params

@@ -142,9 +142,10 @@ def test_chunkwise_chunk1_equals_sequential(read):
     with torch.no_grad():
         y0, s0 = rule(q, k, v, gates=gates, strategy="core:sequential")
         y1, s1 = rule(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 1})
-    torch.testing.assert_close(y1, y0, rtol=0, atol=1e-10)
+    # the memory grows large on these inputs (|y| ~ 1e6): compare to rounding, relatively
+    torch.testing.assert_close(y1, y0, rtol=1e-12, atol=1e-10)
     for key in s0:
-        torch.testing.assert_close(s1[key], s0[key], rtol=0, atol=1e-10)
+        torch.testing.assert_close(s1[key], s0[key], rtol=1e-12, atol=1e-10)
 
 
 @pytest.mark.parametrize("C", [4, 16])
