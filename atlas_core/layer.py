@@ -74,8 +74,13 @@ class ShortConv(nn.Module):
         if cache is None:
             cache = x.new_zeros(B, self.kernel - 1, C)
         ext = torch.cat([cache.to(x.dtype), x], dim=1)  # (B, K-1+T, C)
-        y = F.conv1d(rearrange(ext, "b t c -> b c t"), self.weight.to(x.dtype), groups=C)
-        return rearrange(y, "b c t -> b t c"), ext[:, ext.shape[1] - (self.kernel - 1) :]
+        # y_t = sum_j w_j ext_{t+j} (what conv1d computes), as K shifted multiply-adds: on a CPU
+        # about twice as fast as a depthwise conv1d, forward and backward
+        w = self.weight[:, 0].to(x.dtype)  # (C, K)
+        y = ext[:, :T] * w[:, 0]
+        for j in range(1, self.kernel):
+            y = torch.addcmul(y, ext[:, j : j + T], w[:, j])
+        return y, ext[:, ext.shape[1] - (self.kernel - 1) :]
 
 
 class MemoryLayer(nn.Module):

@@ -96,6 +96,14 @@ def _step_through(rule, W, opt, G, alpha, gates):
     return {k: torch.stack([w[k] for w in steps], dim=2) for k in W}, opt
 
 
+def _bmm_add(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``acc + alpha * a @ b`` for ``[B, H, ., .]`` tensors, as one fused `baddbmm`."""
+    B, H = acc.shape[:2]
+    out = torch.baddbmm(acc.reshape(B * H, *acc.shape[2:]), a.reshape(B * H, *a.shape[2:]),
+                        b.reshape(B * H, *b.shape[2:]), alpha=alpha)
+    return out.view(acc.shape)
+
+
 def _shift_rows(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """Rows for M_{t-1}: drop the last row, put ``first`` (M_{-1}'s row) on top (dim 2)."""
     return torch.cat([first, x[:, :, :-1]], dim=2)
@@ -175,9 +183,12 @@ class Chunkwise(Strategy):
             gates = {k: g[i] for k, g in gates_c.items()}
             L = decay_matrix(alpha)  # [B, H, n, n]
             A = torch.cumprod(alpha, dim=-1)  # [B, H, n]
-            U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
-            step = self._linear_chunk if fast else (self._dual_chunk if dual else self._generic_chunk)
-            y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i], alpha)
+            if dual:  # the anchored errors come out of the structure's own forward
+                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, Wm, L, A, gates, psi_c[i])
+            else:
+                U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
+                step = self._linear_chunk if fast else self._generic_chunk
+                y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i], alpha)
             ys.append(y)
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         return y, rule._final_state(W, opt, xk, xv, xg)
@@ -218,7 +229,7 @@ class Chunkwise(Strategy):
             opt = {"Z.M": Z}
         return y, {"M": M}, opt
 
-    def _dual_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
+    def _dual_chunk(self, rule, W, opt, xe, ve, Wm, L, A, gates, psi):
         """gd / momentum on a structure with rank-one per-token gradients (`grad_factors`) whose
         read is a chain of matrix products (`apply_layers`), e.g. ``titans:mlp``: the dual form.
 
@@ -226,30 +237,32 @@ class Chunkwise(Strategy):
         so a layer applied to token t's input r_t is
         ``A_t W_0 r_t - PL_t Z_0 r_t - sum_l K[t, l] (z_l . r_t) delta_l``: the linear path's
         masked product, once per layer. No per-token weights are formed: O(C^2 + C d) per layer
-        instead of O(C |W|)."""
+        instead of O(C |W|). Products and their sums are fused (`baddbmm`): on a CPU every pass
+        over a weight-sized tensor costs as much as a small matrix product."""
         S = rule.structure
-        fac = S.grad_factors(W, xe, U)  # {k: (delta [B, H, m, out], z [B, H, m, in])}
+        # {k: (delta [B, H, m, out], z [B, H, m, in])}, the errors taken at the anchor's forward
+        fac = S.grad_factors(W, xe, lambda pred: rule.bias.error(pred, ve))
         K, KZ, PL, Kr, Ar, PLr = self._kernels(rule, Wm, L, A, gates)
         Z0 = {k: opt[f"Z.{k}"] for k in W} if PL is not None else None
 
         def layer(name, r):  # r: [B, H, n, in] (token t's input to this layer, at its own weights)
             delta, z = fac[name]
-            out = Ar * (r @ W[name].transpose(-1, -2)) - (Kr * (r @ z.transpose(-1, -2))) @ delta
+            out = (Ar * r) @ W[name].transpose(-1, -2)
             if Z0 is not None:
-                out = out - PLr * (r @ Z0[name].transpose(-1, -2))
-            return out
+                out = _bmm_add(out, -PLr * r, Z0[name].transpose(-1, -2))
+            return _bmm_add(out, Kr * (r @ z.transpose(-1, -2)), delta, alpha=-1.0)
 
         y = S.apply_layers(psi, layer)
-        An, Kn = A[:, :, -1, None, None], K[:, :, -1]
+        An, Kn = A[:, :, -1, None, None], K[:, :, -1, :, None]
         new = {}
         for k, (delta, z) in fac.items():
-            new[k] = An * W[k] - torch.einsum("bhl,bhlo,bhli->bhoi", Kn, delta, z)
+            base = An * W[k] if Z0 is None else torch.addcmul(An * W[k], PL[:, :, -1, :, None], Z0[k], value=-1.0)
+            new[k] = _bmm_add(base, (Kn * delta).transpose(-1, -2), z, alpha=-1.0)
         if Z0 is not None:
             Pn = torch.cumprod(gates["eta"], dim=-1)[:, :, -1, None, None]
-            opt = {}
-            for k, (delta, z) in fac.items():
-                new[k] = new[k] - PL[:, :, -1, :, None] * Z0[k]
-                opt[f"Z.{k}"] = Pn * Z0[k] + torch.einsum("bhl,bhlo,bhli->bhoi", KZ[:, :, -1], delta, z)
+            KZn = KZ[:, :, -1, :, None]
+            opt = {f"Z.{k}": _bmm_add(Pn * Z0[k], (KZn * delta).transpose(-1, -2), z)
+                   for k, (delta, z) in fac.items()}
         return y, new, opt
 
     def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):

@@ -134,10 +134,12 @@ class MLPMemory(Structure):
 
         return torch.func.vmap(one, in_dims=(2, 2), out_dims=2)(x, u)
 
-    def grad_factors(self, W: dict, x: torch.Tensor, u: torch.Tensor) -> dict:
+    def grad_factors(self, W: dict, x: torch.Tensor, u) -> dict:
         """Token n's gradient of ``<M(x_n), u_n>`` w.r.t. each layer is rank one,
         ``delta_n z_n^T`` (z: the layer's input, delta: the derivative at its output), so
         ``grad_per_token(W, x, u)[k][:, :, n] == delta[:, :, n, :, None] * z[:, :, n, None, :]``.
+        ``u`` is ``[B, H, N, Dv]``, or a function of the prediction ``M(x)`` that returns it (the
+        bias's error: then the forward that gives the prediction is the one backpropagated).
         Returns ``{k: (delta [B, H, N, out], z [B, H, N, in])}`` — backpropagation by hand, the
         activation's derivative through ``torch.func.vjp`` (so it stays twice differentiable)."""
         zs, pre = [], []
@@ -148,6 +150,8 @@ class MLPMemory(Structure):
             pre.append(h)
             if i < self.depth:
                 h = self.act(h)
+        if callable(u):
+            u = u(x + h if self.residual else h)
         delta, out = u, {}
         for i in range(self.depth, 0, -1):
             out[f"W{i}"] = (delta, zs[i - 1])

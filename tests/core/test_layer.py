@@ -129,3 +129,27 @@ def test_bad_input():
         MemoryLayer(10, 3, ac.build_rule("titans:titans"))
     sized = MemoryLayer(10, 3, ac.build_rule("titans:titans"), LayerParams(d_key=4))
     assert sized.q_proj.out_features == 12 and sized.v_proj.out_features == 12
+
+
+@pytest.mark.parametrize("kernel", [2, 4])
+def test_short_conv_equals_depthwise_conv1d(kernel):
+    """ShortConv's shifted multiply-adds against F.conv1d (groups = channels) on the cache-extended
+    input: outputs, carried cache and gradients, float64."""
+    import torch.nn.functional as F
+
+    from atlas_core.layer import ShortConv
+
+    torch.manual_seed(0)
+    conv = ShortConv(6, kernel).double()
+    x = torch.randn(2, 9, 6, dtype=torch.float64, requires_grad=True)
+    cache = torch.randn(2, kernel - 1, 6, dtype=torch.float64)
+    y, new_cache = conv(x, cache)
+    ext = torch.cat([cache, x], dim=1)
+    ref = F.conv1d(ext.transpose(1, 2), conv.weight, groups=6).transpose(1, 2)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(new_cache, ext[:, -(kernel - 1):])
+    dy = torch.randn_like(y)
+    g = torch.autograd.grad(y, (x, conv.weight), dy)
+    g_ref = torch.autograd.grad(ref, (x, conv.weight), dy)
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
