@@ -27,6 +27,7 @@ differently from one call (split on a boundary, or C = 1, they agree exactly).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from pydantic import Field
 
 from ..backends import select_backend
@@ -109,6 +110,73 @@ def _shift_rows(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     return torch.cat([first, x[:, :, :-1]], dim=2)
 
 
+def _chunk_stack(x: torch.Tensor, C: int, N: int, value: float) -> torch.Tensor:
+    """``x: [B, H, T]`` padded with ``value`` to N whole chunks: ``[B, H, N, C]``."""
+    return F.pad(x, (0, N * C - x.shape[-1]), value=value).unflatten(-1, (N, C))
+
+
+def _shift_down(x: torch.Tensor, first: float) -> torch.Tensor:
+    """Rows for M_{t-1} of a kernel ``[..., n, m]``: row t takes row t - 1, row 0 is ``first``."""
+    return torch.cat([torch.full_like(x[..., :1, :], first), x[..., :-1, :]], dim=-2)
+
+
+def _chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> dict:
+    """Everything of each chunk that does not depend on the memory, for all chunks in one batched
+    pass (causal, so a padded last chunk is exact once cut back to its n tokens). Per chunk i,
+    ``kern[name][i]``:
+
+    - ``L [n, n]`` retention decay matrix, ``A [n]`` its running product, ``Wm [n, m]`` the
+      Omega-window weights (m = n + c - 1; not formed for the gd paths when c = 1);
+    - with ``gd_form`` (gd / momentum: the linear and dual paths): ``K [n, m]`` (the update of M_t
+      by each token's error), ``Kr, Ar [n, 1]`` the rows the reads use (shifted to M_{t-1} for
+      ``read = "before"``) and, for momentum, ``KZ [n, m]`` (of Z_t), ``PL, PLr [n, 1]`` (Z_0's
+      coefficient in M_t) and ``Pn [1, 1]`` (Z_0's in the final Z).
+    """
+    N = -(-T // C)
+    if N == 0:
+        return {}
+    alpha = _chunk_stack(p.alpha, C, N, 1.0)  # [B, H, N, C]
+    L = decay_matrix(alpha)
+    A = torch.cumprod(alpha, dim=-1)
+    kern = {"L": L, "A": A}
+    if not (gd_form and c == 1):  # a one-token window is a diagonal: not formed on the gd paths
+        g_ext = torch.stack(_window_chunks(F.pad(xg, (0, N * C - T)), C, c, N * C), dim=2)
+        kern["Wm"] = window_matrix(g_ext, lag, C)  # [B, H, N, C, C + c - 1]
+    if gd_form:
+        theta = _chunk_stack(p.gates["theta"], C, N, 0.0)
+        if c == 1:  # theta diag(Wm) scales the columns: no C x C product
+            scale = (theta * _chunk_stack(xg, C, N, 0.0) * lag[0]).unsqueeze(-2)
+        else:
+            TW = theta.unsqueeze(-1) * kern["Wm"]
+        if rule.algorithm.linear_form == "gd":
+            K = L * scale if c == 1 else L @ TW
+        else:
+            eta = _chunk_stack(p.gates["eta"], C, N, 1.0)
+            E = decay_matrix(eta)
+            KZ = E * scale if c == 1 else E @ TW  # Z_t's coefficients
+            K = L @ KZ
+            P = torch.cumprod(eta, dim=-1)
+            PL = L @ P.unsqueeze(-1)  # [B, H, N, C, 1]
+            kern.update(KZ=KZ, PL=PL, Pn=P[..., -1, None, None])
+            kern["PLr"] = _shift_down(PL, 0.0) if rule.read == "before" else PL
+        kern["K"] = K
+        Ar = A.unsqueeze(-1)
+        kern["Kr"] = _shift_down(K, 0.0) if rule.read == "before" else K
+        kern["Ar"] = _shift_down(Ar, 1.0) if rule.read == "before" else Ar
+    out = {}
+    last = T - (N - 1) * C  # tokens in the last chunk
+    for name, x in kern.items():
+        chunks = list(x.unbind(2))
+        if last < C:  # cut the padded chunk back: rows to `last`, the token columns likewise
+            cut = chunks[-1]
+            for d in range(3, x.dim()):
+                if x.shape[d] > 1:
+                    cut = cut.narrow(d - 1, 0, x.shape[d] - (C - last))
+            chunks[-1] = cut
+        out[name] = chunks
+    return out
+
+
 class Chunkwise(Strategy):
     name = "core:chunkwise"
 
@@ -167,69 +235,47 @@ class Chunkwise(Strategy):
         lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
         fast = self.fast_path(rule)
         dual = not fast and self.dual_path(rule)
-        # Per-chunk pieces are cut by one op per tensor (split / unfold), not by slicing inside the
-        # loop: the backward of a slice writes a zero gradient as long as the whole sequence, so
-        # T / C slices would cost O(T^2 / C); split's and unfold's backward is one op each.
+        # Per-chunk pieces are cut by one op per tensor (split / unfold / unbind), not by slicing
+        # inside the loop: the backward of a slice writes a zero gradient as long as the whole
+        # sequence, so T / C slices would cost O(T^2 / C); these ops' backward is one op each.
         psi_c = p.psi.split(C, dim=2)
         alpha_c = p.alpha.split(C, dim=2)
         gates_c = {k: g.split(C, dim=2) for k, g in p.gates.items()}
-        xk_c, xv_c, xg_c = (_window_chunks(x, C, c, T) for x in (xk, xv, xg))
+        xk_c, xv_c = (_window_chunks(x, C, c, T) for x in (xk, xv))
+        kern = _chunk_kernels(rule, p, xg, lag, C, c, T, gd_form=fast or dual)
         ys = []
         for i in range(-(-T // C)):  # no chunk at all when T = 0
-            n = psi_c[i].shape[2]
             xe, ve = xk_c[i], xv_c[i]  # [B, H, n + c - 1, .]
-            Wm = window_matrix(xg_c[i], lag, n)  # [B, H, n, n + c - 1]
-            alpha = alpha_c[i]
-            gates = {k: g[i] for k, g in gates_c.items()}
-            L = decay_matrix(alpha)  # [B, H, n, n]
-            A = torch.cumprod(alpha, dim=-1)  # [B, H, n]
+            k_i = {name: x[i] for name, x in kern.items()}
             if dual:  # the anchored errors come out of the structure's own forward
-                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, Wm, L, A, gates, psi_c[i])
+                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, k_i, psi_c[i])
             else:
                 U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
-                step = self._linear_chunk if fast else self._generic_chunk
-                y, W, opt = step(rule, W, opt, xe, U, Wm, L, A, gates, psi_c[i], alpha)
+                if fast:
+                    y, W, opt = self._linear_chunk(rule, W, opt, xe, U, k_i, psi_c[i])
+                else:
+                    gates = {k: g[i] for k, g in gates_c.items()}
+                    y, W, opt = self._generic_chunk(rule, W, opt, xe, U, k_i["Wm"], k_i["L"],
+                                                    k_i["A"], gates, psi_c[i], alpha_c[i])
             ys.append(y)
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         return y, rule._final_state(W, opt, xk, xv, xg)
 
-    @staticmethod
-    def _kernels(rule, Wm, L, A, gates):
-        """The chunk's coefficients for gd / momentum (see the module docstring): K (the update
-        of M_t by each token's gradient), KZ (of Z_t; None for gd), PL (of Z_0 in M_t; None for
-        gd), and the rows the reads use — Kr, Ar, PLr — shifted to M_{t-1} for ``read = "before"``."""
-        theta = gates["theta"]
-        KZ = PL = None
-        if rule.algorithm.linear_form == "gd":
-            K = L @ (theta.unsqueeze(-1) * Wm)  # [B, H, n, m]
-        else:
-            eta = gates["eta"]
-            KZ = decay_matrix(eta) @ (theta.unsqueeze(-1) * Wm)  # Z_t's coefficients
-            K = L @ KZ
-            PL = L @ torch.cumprod(eta, dim=-1).unsqueeze(-1)  # [B, H, n, 1]: Z_0's coefficient
-        Kr, Ar, PLr = K, A.unsqueeze(-1), PL
-        if rule.read == "before":  # rows for M_{t-1}; M_{-1} = M_0
-            Kr = _shift_rows(K, torch.zeros_like(K[:, :, :1]))
-            Ar = _shift_rows(Ar, torch.ones_like(Ar[:, :, :1]))
-            PLr = None if PL is None else _shift_rows(PL, torch.zeros_like(PL[:, :, :1]))
-        return K, KZ, PL, Kr, Ar, PLr
-
-    def _linear_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
+    def _linear_chunk(self, rule, W, opt, xe, U, kern, psi):
         M0 = W["M"]  # (B, H, Dv, Dphi)
-        K, KZ, PL, Kr, Ar, PLr = self._kernels(rule, Wm, L, A, gates)
+        A, K = kern["A"], kern["K"]
         scores = psi @ xe.transpose(-1, -2)  # (phi_l . psi_t): [B, H, n, m]
-        y = Ar * (psi @ M0.transpose(-1, -2)) - (Kr * scores) @ U
+        y = kern["Ar"] * (psi @ M0.transpose(-1, -2)) - (kern["Kr"] * scores) @ U
         M = A[:, :, -1, None, None] * M0 - torch.einsum("bhl,bhlv,bhlp->bhvp", K[:, :, -1], U, xe)
-        if PL is not None:
+        if "PL" in kern:
             Z0 = opt["Z.M"]
-            y = y - PLr * (psi @ Z0.transpose(-1, -2))
-            M = M - PL[:, :, -1, :, None] * Z0
-            Pn = torch.cumprod(gates["eta"], dim=-1)[:, :, -1, None, None]
-            Z = Pn * Z0 + torch.einsum("bhl,bhlv,bhlp->bhvp", KZ[:, :, -1], U, xe)
+            y = y - kern["PLr"] * (psi @ Z0.transpose(-1, -2))
+            M = M - kern["PL"][:, :, -1, :, None] * Z0
+            Z = kern["Pn"] * Z0 + torch.einsum("bhl,bhlv,bhlp->bhvp", kern["KZ"][:, :, -1], U, xe)
             opt = {"Z.M": Z}
         return y, {"M": M}, opt
 
-    def _dual_chunk(self, rule, W, opt, xe, ve, Wm, L, A, gates, psi):
+    def _dual_chunk(self, rule, W, opt, xe, ve, kern, psi):
         """gd / momentum on a structure with rank-one per-token gradients (`grad_factors`) whose
         read is a chain of matrix products (`apply_layers`), e.g. ``titans:mlp``: the dual form.
 
@@ -242,7 +288,8 @@ class Chunkwise(Strategy):
         S = rule.structure
         # {k: (delta [B, H, m, out], z [B, H, m, in])}, the errors taken at the anchor's forward
         fac = S.grad_factors(W, xe, lambda pred: rule.bias.error(pred, ve))
-        K, KZ, PL, Kr, Ar, PLr = self._kernels(rule, Wm, L, A, gates)
+        A, K, Kr, Ar = kern["A"], kern["K"], kern["Kr"], kern["Ar"]
+        PL, PLr = kern.get("PL"), kern.get("PLr")
         Z0 = {k: opt[f"Z.{k}"] for k in W} if PL is not None else None
 
         def layer(name, r):  # r: [B, H, n, in] (token t's input to this layer, at its own weights)
@@ -259,8 +306,7 @@ class Chunkwise(Strategy):
             base = An * W[k] if Z0 is None else torch.addcmul(An * W[k], PL[:, :, -1, :, None], Z0[k], value=-1.0)
             new[k] = _bmm_add(base, (Kn * delta).transpose(-1, -2), z, alpha=-1.0)
         if Z0 is not None:
-            Pn = torch.cumprod(gates["eta"], dim=-1)[:, :, -1, None, None]
-            KZn = KZ[:, :, -1, :, None]
+            Pn, KZn = kern["Pn"], kern["KZ"][:, :, -1, :, None]
             opt = {f"Z.{k}": _bmm_add(Pn * Z0[k], (KZn * delta).transpose(-1, -2), z)
                    for k, (delta, z) in fac.items()}
         return y, new, opt
