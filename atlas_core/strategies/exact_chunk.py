@@ -24,12 +24,16 @@ so the errors satisfy a unit lower-triangular C x C system (``L'[t, i] = L[t-1, 
     y      = A Q S^T - P E
     S_next = A_C S - E^T diag(L[C, :] theta) K
 
-Everything that does not involve S (decay matrices, ``N``, ``P``, the scaled keys) is formed for all
-chunks in one batched pass; the loop over chunks then does, per chunk, two products with S, one
-C x C triangular solve, one product with P and the rank-C update of S. Only the memory at chunk
-boundaries is kept. Cost O(T C d + T d^2), memory O(T C + T d + (T / C) d^2). The result equals
-``core:sequential`` up to rounding for every C (there is no anchoring approximation); autograd
-differentiates through the solve.
+Everything that does not involve S (decay matrices, ``N``, ``P``, the scaled keys, and the UT
+transforms ``W, U`` themselves: one batched triangular solve) is formed for all chunks at once; the
+loop over chunks then does two products per chunk, the errors ``E = W S^T - U`` and the rank-C
+update of S; the reads ``y = A Q S^T - P E`` of all chunks are batched after it. Only the memory
+at chunk boundaries is kept. Cost O(T C d + T d^2), memory O(T C + T d + (T / C) d^2). The result
+equals ``core:sequential`` up to rounding for every C (there is no anchoring approximation);
+autograd differentiates through the solve. Per token this is about 4 C d + 3 d^2 multiply-adds
+against 2 C d + 3 d^2 for ``core:chunkwise`` on the same rule (the Gram matrix ``K K^T`` and the
+solve are the price of exactness): on a CPU, where time follows the multiply-adds, it runs about
+1.5x slower than the anchored form at the same C (docs/benchmarks.md).
 
 An Omega window of one token (``omega:window`` with ``window = 1`` around ``core:l2``) is supported
 too: its weight ``gamma_t * lag[0]`` multiplies theta_t. Refused (``supports``): momentum or any
@@ -143,16 +147,24 @@ class ExactChunk(Strategy):
         Qs = (A if after else Ap).unsqueeze(-1) * Q
         Kd = L[..., -1, :].unsqueeze(-2) * KtT  # L[C, i] theta_i k_i, as columns: [B, H, N, Dk, C]
         AC = A[..., -1, None, None]  # A_C: [B, H, N, 1, 1]
-        # chunk after chunk: the errors at the true memory (one triangular solve), the reads, the
-        # memory at the next boundary. unbind (not indexing) keeps the backward one op per tensor.
-        ys = []
-        for Ksn, Qsn, Vn, Nn, Pn, Kdn, ACn in zip(Ks.unbind(2), Qs.unbind(2), V.unbind(2),
-                                                 Nm.unbind(2), P.unbind(2), Kd.unbind(2), AC.unbind(2)):
-            St = S.transpose(-1, -2)
-            E = torch.linalg.solve_triangular(Nn, Ksn @ St - Vn, upper=False, unitriangular=True)
-            ys.append(Qsn @ St - Pn @ E)
-            S = ACn * S - (Kdn @ E).transpose(-1, -2)
-        y = rearrange(torch.stack(ys, dim=2), "b h n c d -> b h (n c) d")[:, :, :T]
+        # the UT transform of every chunk at once: W = (I + Nm)^-1 A' K, U = (I + Nm)^-1 V
+        WU = torch.linalg.solve_triangular(Nm, torch.cat([Ks, V], dim=-1), upper=False, unitriangular=True)
+        Wt, Ut = WU.split([K.shape[-1], V.shape[-1]], dim=-1)
+        KdT = Kd.transpose(-1, -2).contiguous()  # [B, H, N, C, Dk]
+        # chunk after chunk, only what involves the memory: the errors E = W S^T - U and the next
+        # boundary memory S' = A_C S - (Kd E)^T, two products per chunk (unbind, not indexing,
+        # keeps the backward one op per tensor); the reads of every chunk afterwards, batched
+        starts, errors = [], []
+        for Wn, Un, KdTn, ACn in zip(Wt.unbind(2), Ut.unbind(2), KdT.unbind(2), AC.unbind(2)):
+            starts.append(S)
+            E = torch.baddbmm(Un.flatten(0, 1), Wn.flatten(0, 1), S.flatten(0, 1).transpose(-1, -2), beta=-1)
+            errors.append(E)
+            S = torch.baddbmm((ACn * S).flatten(0, 1), E.transpose(-1, -2), KdTn.flatten(0, 1), alpha=-1)
+            S = S.view(ACn.shape[:2] + S.shape[1:])
+        S0 = torch.stack(starts, dim=2)  # [B, H, N, Dv, Dk]: the memory before each chunk
+        E = torch.stack(errors, dim=1).view(Ut.shape)  # [B, H, N, C, Dv]
+        y = Qs @ S0.transpose(-1, -2) - P @ E
+        y = rearrange(y, "b h n c d -> b h (n c) d")[:, :, :T]
         return y, rule._final_state({"M": S}, {}, p.phik, p.v, p.gamma)
 
 
