@@ -283,8 +283,9 @@ class Chunkwise(Strategy):
         so a layer applied to token t's input r_t is
         ``A_t W_0 r_t - PL_t Z_0 r_t - sum_l K[t, l] (z_l . r_t) delta_l``: the linear path's
         masked product, once per layer. No per-token weights are formed: O(C^2 + C d) per layer
-        instead of O(C |W|). Products and their sums are fused (`baddbmm`): on a CPU every pass
-        over a weight-sized tensor costs as much as a small matrix product."""
+        instead of O(C |W|). Products and their sums are fused (`baddbmm`) and per-token scalings
+        go on the smaller operand: on a CPU every pass over a weight-sized tensor costs about as
+        much as a small matrix product."""
         S = rule.structure
         # {k: (delta [B, H, m, out], z [B, H, m, in])}, the errors taken at the anchor's forward
         fac = S.grad_factors(W, xe, lambda pred: rule.bias.error(pred, ve))
@@ -294,21 +295,31 @@ class Chunkwise(Strategy):
 
         def layer(name, r):  # r: [B, H, n, in] (token t's input to this layer, at its own weights)
             delta, z = fac[name]
-            out = (Ar * r) @ W[name].transpose(-1, -2)
-            if Z0 is not None:
-                out = _bmm_add(out, -PLr * r, Z0[name].transpose(-1, -2))
+            Wk = W[name].transpose(-1, -2)
+            if r.shape[-1] <= Wk.shape[-1]:  # scale the smaller side: r [n, in] or the output [n, out]
+                out = (Ar * r) @ Wk
+                if Z0 is not None:
+                    out = _bmm_add(out, -PLr * r, Z0[name].transpose(-1, -2))
+            else:
+                out = Ar * (r @ Wk)
+                if Z0 is not None:
+                    out = torch.addcmul(out, PLr, r @ Z0[name].transpose(-1, -2), value=-1.0)
             return _bmm_add(out, Kr * (r @ z.transpose(-1, -2)), delta, alpha=-1.0)
+
+        def outer(coef, delta, z):  # sum_l coef_l delta_l z_l^T: [B, H, out, in], scaling the smaller
+            if delta.shape[-1] <= z.shape[-1]:
+                return (coef * delta).transpose(-1, -2), z
+            return delta.transpose(-1, -2), coef * z
 
         y = S.apply_layers(psi, layer)
         An, Kn = A[:, :, -1, None, None], K[:, :, -1, :, None]
         new = {}
         for k, (delta, z) in fac.items():
             base = An * W[k] if Z0 is None else torch.addcmul(An * W[k], PL[:, :, -1, :, None], Z0[k], value=-1.0)
-            new[k] = _bmm_add(base, (Kn * delta).transpose(-1, -2), z, alpha=-1.0)
+            new[k] = _bmm_add(base, *outer(Kn, delta, z), alpha=-1.0)
         if Z0 is not None:
             Pn, KZn = kern["Pn"], kern["KZ"][:, :, -1, :, None]
-            opt = {f"Z.{k}": _bmm_add(Pn * Z0[k], (KZn * delta).transpose(-1, -2), z)
-                   for k, (delta, z) in fac.items()}
+            opt = {f"Z.{k}": _bmm_add(Pn * Z0[k], *outer(KZn, delta, z)) for k, (delta, z) in fac.items()}
         return y, new, opt
 
     def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
