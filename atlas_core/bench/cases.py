@@ -34,6 +34,10 @@ RULES: dict[str, tuple[str, dict[str, Any]]] = {
                           "NeuralMemory)", {"use": "titans:titans_deep"}),
 }
 LAYER_CASES = {"titans_deep_layer"}
+#: `LayerParams` of the layer cases. The deep-memory layer matches titans-pytorch NeuralMemory's
+#: defaults where the layers differ: no short convolution and no per-head output norm (it has
+#: neither); the output gate and the q/k l2 norm stay on (it has a per-head output gate).
+LAYER_PARAMS = {"titans_deep_layer": {"conv_size": 0, "output_norm": False}}
 DEFAULT_RULES = ("titans", "titans_deep", "omega16", "atlas", "delta", "titans_deep_layer")
 
 #: gate name -> (low, high) of a uniform draw. The layer's default biases give alpha ~ 0.95,
@@ -48,6 +52,7 @@ class Case:
     title: str
     spec: dict[str, Any]
     kind: str = "rule"  # "rule" | "layer"
+    layer: dict[str, Any] = field(default_factory=dict)  # LayerParams of a layer case
     _rules: dict = field(default_factory=dict, repr=False)
 
     def rule(self, heads: int, d_key: int, d_value: int, dtype=torch.float32):
@@ -71,7 +76,8 @@ def get_case(name: str) -> Case:
         hint = did_you_mean(name, RULES) or f"choose from {', '.join(RULES)}"
         raise ValueError(f"unknown benchmark rule {name!r}; {hint}")
     title, spec = RULES[name]
-    return Case(name, title, dict(spec), "layer" if name in LAYER_CASES else "rule")
+    return Case(name, title, dict(spec), "layer" if name in LAYER_CASES else "rule",
+                dict(LAYER_PARAMS.get(name, {})))
 
 
 @dataclass

@@ -230,7 +230,8 @@ class LayerSubject(Subject):
             torch.manual_seed(0)
             rule = build_rule(case.spec)
             layer = MemoryLayer(sizes["H"] * sizes["Dk"], sizes["H"], rule,
-                                LayerParams(d_key=sizes["Dk"], d_value=sizes["Dv"]), strategy=strategy)
+                                LayerParams(d_key=sizes["Dk"], d_value=sizes["Dv"], **case.layer),
+                                strategy=strategy)
         return layer.to(dtype)
 
     def setup(self, case: Case, sizes: dict[str, int], dtype: torch.dtype):

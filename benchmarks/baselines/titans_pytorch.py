@@ -8,7 +8,7 @@ Matched configuration, for ``x: [B, T, H * D]``:
 | heads, head size | H, D | ``heads=H, dim_head=D`` |
 | chunk | ``core:chunkwise``, C = 64 | ``chunk_size=64`` |
 | optimiser | momentum, decay, per-token theta | momentum, decay, per-token lr (defaults) |
-| around it | q/k/v projections, short conv, q/k l2 norm, gates, output norm and gate, output projection | pre-RMSNorm, q/k/v projections, gates, head merge and combine |
+| around it | q/k/v projections, q/k l2 norm, gates, output gate, output projection (no short conv, no output norm: `cases.LAYER_PARAMS`) | pre-RMSNorm, q/k/v projections, gates, per-head output gate, head merge and combine |
 
 Both train the same way (fwd+bwd of ``<y, dy>`` into the input and every parameter). The algorithms
 differ, so there is no equivalence check between them: titans-pytorch takes every per-token
