@@ -13,6 +13,9 @@ from atlas_cli.common import AtlasTyper
 
 @pytest.fixture
 def app():
+    from atlas_cli.common import set_global_format
+
+    set_global_format(None)  # a global --format of an earlier test must not leak into this one
     root = AtlasTyper(name="atlas")
 
     @root.callback()
