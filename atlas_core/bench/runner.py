@@ -5,8 +5,10 @@ each length T, in increasing order:
 
 - **time**: ``fwd`` is the forward under ``torch.no_grad()`` (inference); ``fwd+bwd`` is the forward
   with autograd plus ``backward`` of ``<y, dy>`` into every input and learned parameter (training).
-  One warm-up run, then the median of ``repeats`` runs (a single run when the warm-up took longer
-  than `BenchConfig.slow_s`); wall-clock seconds (``time.perf_counter``).
+  The fastest of ``1 + repeats`` runs (of two runs when the first took longer than
+  `BenchConfig.slow_s`); wall-clock seconds (``time.perf_counter``). The minimum, because noise
+  only adds time: on a virtual machine the first touch of fresh memory can cost several times the
+  run itself, so a single cold run would misreport the memory-hungry subjects.
 - **peak memory**: one more forward and one more fwd+bwd under `memory.LiveTensorBytes` (the peak
   of live tensor bytes created by the call; inputs and parameters excluded).
 
@@ -150,17 +152,18 @@ def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
 
 
 def _timed(fn: Callable[[], Any], repeats: int, slow_s: float) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    fn()  # warm-up: kernels, caches, lazy imports
-    first = time.perf_counter() - t0
-    if first > slow_s:
-        return first, 1
+    """The fastest of ``1 + repeats`` runs (``1 + 1`` when the first took longer than ``slow_s``).
+    The minimum, because the noise of a shared machine only ever adds time: other processes, and
+    the first touch of memory pages a virtual machine has not backed yet (which can make one run of
+    a memory-hungry subject several times slower than the next)."""
     times = []
-    for _ in range(repeats):
+    for _ in range(1 + repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), repeats
+        if len(times) == 2 and times[0] > slow_s:
+            break
+    return min(times), len(times)
 
 
 def _measure(subject: Subject, ctx: Any, case: Case, config: BenchConfig, T: int, row: Row,
