@@ -83,36 +83,58 @@ def explain(strategy_name: str, registry=None) -> list[dict[str, Any]]:
     return rows
 
 
-def select_backend(strategy, rule, inputs, requested: str | None = None):
-    """The backend that will serve this call, or None for the strategy's PyTorch code."""
+class BoundBackends:
+    """The backends of one strategy, looked up, built and probed once (`bind_backends`); each
+    call then only runs their per-call verifiers (`select`)."""
+
+    def __init__(self, strategy_name: str, requested: str | None, candidates: list) -> None:
+        self.strategy_name = strategy_name
+        self.requested = requested
+        self.candidates = candidates  # [(name, backend or None, reason it is out)]
+
+    def select(self, strategy, rule, inputs):
+        """The backend that will serve this call, or None for the strategy's PyTorch code."""
+        if self.requested == "torch":
+            return None
+        for name, be, reason in self.candidates:
+            if be is not None:
+                ok, why = be.verify(strategy, rule, inputs)
+                if ok:
+                    log.debug("backend %s serves %s", name, self.strategy_name)
+                    return be
+                reason = f"refused this call: {why}"
+            if self.requested:
+                raise StrategyError(f"backend {name} was requested but {reason}")
+            log.debug("backend %s passed over for %s: %s", name, self.strategy_name, reason)
+        return None
+
+
+def bind_backends(strategy_name: str, requested: str | None = None, registry=None) -> BoundBackends:
+    """Look up, build and probe the backends of a strategy once (the switches are read now)."""
     requested = requested or os.environ.get(FORCE_ENV) or None
     if requested == "torch":
-        return None
-    reg, comps = backends_for(strategy.name)
+        return BoundBackends(strategy_name, requested, [])
+    reg, comps = backends_for(strategy_name, registry)
     if requested and requested not in {c.name for c in comps}:
         names = ", ".join(c.name for c in comps) or "none registered"
         raise StrategyError(
-            f"backend {requested!r} does not serve {strategy.name} (its backends: {names}, or 'torch')"
+            f"backend {requested!r} does not serve {strategy_name} (its backends: {names}, or 'torch')"
         )
     disabled = _disabled()
+    candidates = []
     for comp in comps:
         if requested and comp.name != requested:
             continue
-        reason = None
         if not requested and (disabled is True or comp.name in disabled):
-            reason = f"disabled by {DISABLE_ENV}"
-        else:
-            be = reg.build("backend", comp.name)
-            ok, why = be.is_available()
-            if not ok:
-                reason = f"unavailable: {why}"
-            else:
-                ok, why = be.verify(strategy, rule, inputs)
-                if ok:
-                    log.debug("backend %s serves %s", comp.name, strategy.name)
-                    return be
-                reason = f"refused this call: {why}"
-        if requested:
-            raise StrategyError(f"backend {comp.name} was requested but {reason}")
-        log.debug("backend %s passed over for %s: %s", comp.name, strategy.name, reason)
-    return None
+            candidates.append((comp.name, None, f"disabled by {DISABLE_ENV}"))
+            continue
+        be = reg.build("backend", comp.name)
+        ok, why = be.is_available()
+        candidates.append((comp.name, be if ok else None, "" if ok else f"unavailable: {why}"))
+    return BoundBackends(strategy_name, requested, candidates)
+
+
+def select_backend(strategy, rule, inputs, requested: str | None = None):
+    """The backend that will serve this call, or None for the strategy's PyTorch code (looks the
+    backends up now; strategies bind them once instead, `Strategy.bound_backends`)."""
+    return bind_backends(strategy.name, requested).select(strategy, rule, inputs)

@@ -14,14 +14,17 @@ memory's initial weights, which the layer registers by holding the rule). For an
    ``theta = theta_scale * sigmoid(w_t x + b_t)`` (inner learning rate, b_t = -4.6 -> ~0.01),
    ``gamma = sigmoid(w_g x + b_g)`` (Omega window weight, b_g = 3.0);
    only the gates the rule uses are produced;
-5. the rule: ``y, state = rule(q, k, v, gates, state, strategy)``;
+5. the rule: ``y, state = rule(q, k, v, gates, state, strategy=runner)``, where ``runner`` is the
+   strategy resolved once when the layer is built (no registry lookup or ``supports()`` check
+   per call);
 6. per-head RMS norm of y (``output_norm``), a sigmoid output gate ``y * sigmoid(W_o x)``
    (``output_gate``), merge heads, output projection.
 
 ``forward(x, state=None) -> (y, state)``: the state is a flat dict of tensors — ``"conv.q"``,
 ``"conv.k"``, ``"conv.v"`` (the last conv_size - 1 pre-convolution inputs, so the convolution
-continues exactly across calls) and ``"rule.<key>"`` for the rule's state. Two calls with the
-carried state equal one call (for C > 1 chunkwise: when split on a chunk boundary).
+continues exactly across calls) and ``"rule.<key>"`` for the rule's state. Any split of a
+sequence into calls with the carried state equals one call, for every strategy (docs/math.md,
+"The strategy contract"); a one-token call runs the rule's sequential step.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class MemoryLayer(nn.Module):
         rule: nn.Module,
         params: LayerParams | None = None,
         strategy: Any = None,
+        registry: Any = None,
     ) -> None:
         super().__init__()
         p = params or LayerParams()
@@ -103,7 +107,9 @@ class MemoryLayer(nn.Module):
         self.rule = rule
         if hasattr(rule, "bind"):
             rule.bind(heads, self.d_key, self.d_value)
-        self.strategy = strategy if strategy is not None else getattr(rule, "default_strategy", None)
+        # the strategy is resolved and checked once, here; the layer owns the bound runner
+        self.runner = rule.runner(strategy, registry) if hasattr(rule, "runner") else strategy
+        self.strategy = self.runner
         H, Dk, Dv = heads, self.d_key, self.d_value
         self.q_proj = nn.Linear(d_model, H * Dk, bias=False)
         self.k_proj = nn.Linear(d_model, H * Dk, bias=False)
@@ -139,7 +145,7 @@ class MemoryLayer(nn.Module):
         params = layer if isinstance(layer, LayerParams) else LayerParams.model_validate(layer or {})
         strategy = memory.get("parallel", "auto")
         rule = build_rule(memory, registry=registry, path="memory")
-        return cls(d_model, heads, rule, params, strategy=strategy)
+        return cls(d_model, heads, rule, params, strategy=strategy, registry=registry)
 
     def gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         if not self.gate_names:
@@ -169,7 +175,7 @@ class MemoryLayer(nn.Module):
         if self.params.qk_norm:
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
-        y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.strategy)
+        y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner)
         new_state.update({f"rule.{key}": t for key, t in rs.items()})
         if self.params.output_norm:
             y = self.out_norm(y)

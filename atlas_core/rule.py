@@ -9,15 +9,24 @@ A rule is a pure function of explicit tensors (MATH.md, "Shapes and names")::
 - ``state`` maps names to tensors: the memory weights (``"M": [B, H, Dv, Dphi]`` for
   ``core:linear``), the optimiser state (``"Z.M"`` for momentum) and, for windowed biases, the
   last c - 1 inputs (``"window.k": [B, H, c-1, Dphi]``, ``"window.v"``, ``"window.gamma"``);
+- with ``anchor = A > 1`` (docs/math.md, "Anchoring as part of the rule") the state also carries
+  the position inside the current anchor block (``"anchor.pos": [B]``) and the block's anchor
+  memory (``"anchor.<weight>"``, e.g. ``"anchor.M"``), so any split of a sequence into calls
+  equals one call;
 - the only learned parameters a rule may hold are those of its feature map and of a structure's
   initial weights; the memory layer that holds the rule registers them.
+
+The strategy is resolved once per strategy value and cached on the rule (`Rule.runner`): a call
+makes no registry lookup and no ``supports()`` check after the first one with that value.
 
 Half-precision inputs are computed in float32 (outputs are cast back; the state stays float32).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import json
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import torch
@@ -41,8 +50,31 @@ KNOB_DEFAULTS = {
     "algorithm": "core:gd",
     "feature_map": "core:identity",
     "read": "after",
+    "anchor": 1,
 }
 RULE_KEYS = tuple(KNOB_DEFAULTS) + ("use", "parallel")
+MAX_ANCHOR = 1 << 20  # a block longer than any sequence a model will see is a spec mistake
+ANCHOR_POS = "anchor.pos"
+
+
+def check_anchor(value: Any, path: str = "anchor") -> list[Issue]:
+    """Problems with an ``anchor`` value (an int in 1 .. MAX_ANCHOR)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return [Issue(path, "must be a whole number of tokens >= 1", value,
+                      "anchor = 1 is the per-token rule; anchor = 64 takes every gradient of a "
+                      "64-token block at the block's start")]
+    if not 1 <= value <= MAX_ANCHOR:
+        return [Issue(path, f"must be between 1 and {MAX_ANCHOR}", value)]
+    return []
+
+
+def _strategy_key(value: Any) -> Any:
+    """A hashable key for a strategy value (a name, a table, or a Strategy object)."""
+    if isinstance(value, (str, type(None))):
+        return value
+    if isinstance(value, Mapping):
+        return json.dumps(value, sort_keys=True, default=str)
+    return ("object", id(value))
 
 
 class Rule(nn.Module):
@@ -53,6 +85,8 @@ class Rule(nn.Module):
 
     spec: dict[str, Any]
     default_strategy: Any = "core:sequential"
+    #: gradients inside a block of ``anchor`` tokens are taken at the block's start (1: per token)
+    anchor: int = 1
 
     def prepare(self, *args, **kwargs):
         raise NotImplementedError
@@ -63,12 +97,32 @@ class Rule(nn.Module):
     def finish(self, inputs, output):
         return output
 
-    def forward(self, *args, strategy: Any = None, **kwargs):
+    def runner(self, strategy: Any = None, registry=None):
+        """The bound strategy for ``strategy`` (None: the rule's default), resolved and checked
+        once per value, then cached: later calls with the same value do no registry lookup and
+        no ``supports()`` call."""
         from .strategies.base import resolve_strategy
 
+        value = self.default_strategy if strategy is None else strategy
+        cache = self.__dict__.setdefault("_runners", {})
+        key = _strategy_key(value)
+        hit = cache.get(key)
+        if hit is not None and (not isinstance(key, tuple) or hit[0] is value):
+            return hit[1]
+        strat = resolve_strategy(self, value, registry)
+        cache[key] = (value, strat)
+        return strat
+
+    def single_step(self, inputs) -> bool:
+        """Whether this call is one token, run by the sequential step whatever the strategy
+        (every strategy computes the same function; a chunked one would pay a whole chunk)."""
+        return False
+
+    def forward(self, *args, strategy: Any = None, **kwargs):
+        strat = self.runner(strategy)
         inputs = self.prepare(*args, **kwargs)
-        strat = resolve_strategy(self, strategy if strategy is not None else self.default_strategy)
-        return self.finish(inputs, strat.run(self, inputs))
+        out = self.reference(inputs) if self.single_step(inputs) else strat.run(self, inputs)
+        return self.finish(inputs, out)
 
 
 @dataclass
@@ -89,6 +143,22 @@ class MemoryInputs:
     def shape(self) -> tuple[int, int, int]:
         B, H, T, _ = self.v.shape
         return B, H, T
+
+    def split(self, n: int) -> tuple["MemoryInputs", "MemoryInputs"]:
+        """The first ``n`` tokens and the rest (both with this call's state: a strategy that
+        runs the head first hands its final state to the tail with ``dataclasses.replace``)."""
+        def cut(x, lo, hi):
+            return x.narrow(2, lo, hi - lo)
+
+        T = self.shape[2]
+        parts = []
+        for lo, hi in ((0, n), (n, T)):
+            parts.append(replace(
+                self, psi=cut(self.psi, lo, hi), phik=cut(self.phik, lo, hi), v=cut(self.v, lo, hi),
+                alpha=cut(self.alpha, lo, hi), gamma=cut(self.gamma, lo, hi),
+                gates={k: cut(g, lo, hi) for k, g in self.gates.items()},
+            ))
+        return parts[0], parts[1]
 
 
 def _check_tensor(name: str, x: Any, rank: int, layout: str) -> torch.Tensor:
@@ -114,10 +184,15 @@ class ComposedRule(Rule):
         read: str = "after",
         spec: Mapping[str, Any] | None = None,
         default_strategy: Any = "core:sequential",
+        anchor: int = 1,
     ) -> None:
         super().__init__()
         if read not in ("after", "before"):
             raise SpecError([Issue("read", "must be 'after' or 'before'", read)])
+        bad = check_anchor(anchor)
+        if bad:
+            raise SpecError(bad)
+        self.anchor = int(anchor)
         self.structure = structure
         self.feature_map = feature_map
         self.bias = bias
@@ -164,7 +239,39 @@ class ComposedRule(Rule):
         keys = W + list(self.algorithm.init_opt({k: torch.empty(0) for k in W}))
         if self.window > 1:
             keys += ["window.k", "window.v", "window.gamma"]
+        if self.anchor > 1:
+            keys += [ANCHOR_POS] + [f"anchor.{k}" for k in W]
         return keys
+
+    def single_step(self, inputs: "MemoryInputs") -> bool:
+        return inputs.shape[2] == 1
+
+    # -- anchoring ------------------------------------------------------------------------------
+    def position(self, inputs: "MemoryInputs") -> int:
+        """Tokens already run inside the current anchor block (0 with ``anchor = 1``)."""
+        if self.anchor == 1:
+            return 0
+        pos = inputs.state[ANCHOR_POS]
+        return int(pos[0]) if pos.numel() else 0
+
+    def anchor_weights(self, inputs: "MemoryInputs", W: dict) -> dict:
+        """The memory the first token of this call takes its gradient at: the block's anchor
+        memory when the call starts inside a block, else the current memory."""
+        if self.position(inputs) == 0:
+            return W
+        return {k: inputs.state[f"anchor.{k}"] for k in W}
+
+    def anchor_state(self, inputs: "MemoryInputs", anchor: dict, W: dict) -> dict:
+        """The anchor entries of the final state after this call: the position inside the block
+        and the block's anchor memory (the current memory when the next token starts a block)."""
+        if self.anchor == 1:
+            return {}
+        B, _, T = inputs.shape
+        pos = (self.position(inputs) + T) % self.anchor
+        held = anchor if pos else W
+        out = {ANCHOR_POS: inputs.state[ANCHOR_POS].new_full((B,), float(pos))}
+        out.update({f"anchor.{k}": w for k, w in held.items()})
+        return out
 
     def init_state(self, batch: int, *, dtype=torch.float32, device=None) -> dict:
         """The state before the first token: memory at its initial value, zeros elsewhere."""
@@ -184,6 +291,9 @@ class ComposedRule(Rule):
             state["window.v"] = torch.zeros(batch, H, c - 1, dv, dtype=dtype, device=device)
             # gamma 0 marks an empty slot: an empty slot contributes nothing
             state["window.gamma"] = torch.zeros(batch, H, c - 1, dtype=dtype, device=device)
+        if self.anchor > 1:
+            state[ANCHOR_POS] = torch.zeros(batch, dtype=dtype, device=device)
+            state.update({f"anchor.{k}": w.clone() for k, w in W.items()})
         return state
 
     # -- the call -------------------------------------------------------------------------------
@@ -203,7 +313,8 @@ class ComposedRule(Rule):
                 raise ValueError(f"{name} is on {x.device} but q is on {q.device}; pass one device")
         B, T, H, Dk = q.shape
         Dv = v.shape[-1]
-        self.bind(H, Dk, Dv)
+        if self.structure.bound:
+            self.bind(H, Dk, Dv)  # refuses other sizes
         cdtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         gates = dict(gates or {})
         unknown = sorted(set(gates) - set(self.gate_names))
@@ -227,6 +338,11 @@ class ComposedRule(Rule):
             if g.device != q.device:
                 raise ValueError(f"gates['{name}'] is on {g.device} but q is on {q.device}")
             gh[name] = rearrange(g.to(cdtype), "b t h -> b h t")
+        if not self.structure.bound:  # bound only by a call whose inputs passed validation
+            if state is not None:  # check the state on a bound copy first
+                probe = copy.deepcopy(self).bind(H, Dk, Dv)
+                probe._check_state(state, B, cdtype, q.device)
+            self.bind(H, Dk, Dv)
         ones = torch.ones(B, H, T, dtype=cdtype, device=q.device)
         alpha = rearrange(self.retention.alpha(gates, ones.transpose(1, 2)).to(cdtype), "b t h -> b h t") if "alpha" in self.retention.gate_names else ones
         gamma = gh["gamma"] if self.bias.gamma_gate else ones
@@ -264,6 +380,13 @@ class ComposedRule(Rule):
             if got.device != want.device:
                 raise ValueError(f"state['{key}'] is on {got.device} but the inputs are on {want.device}")
             out[key] = got.to(dtype)
+        if self.anchor > 1:
+            pos = out[ANCHOR_POS]
+            if pos.numel() and not bool((pos == pos[0]).all()):
+                raise ValueError(
+                    f"state['{ANCHOR_POS}'] must hold one position for the whole batch, got "
+                    f"{pos.tolist()}; run the sequences of a batch together"
+                )
         return out
 
     def finish(self, inputs: MemoryInputs, output):
@@ -271,13 +394,14 @@ class ComposedRule(Rule):
         return rearrange(y, "b h t d -> b t h d").to(inputs.out_dtype), state
 
     # -- the reference ----------------------------------------------------------------------------
-    def reference(self, inputs: MemoryInputs, anchor_every: int = 1):
-        """The token-by-token loop of MATH.md. With ``anchor_every = C`` every gradient inside a
-        block of C tokens is taken at the memory before the block (the chunkwise convention):
-        the readable reference the chunkwise strategies are tested against."""
+    def reference(self, inputs: MemoryInputs):
+        """The token-by-token loop of docs/math.md: the rule's function, which every strategy
+        must equal. With ``anchor = A`` every gradient inside a block of A tokens (blocks aligned
+        to absolute positions, carried across calls by the state) is taken at the memory before
+        the block."""
         p = inputs
         B, H, T = p.shape
-        S, c = self.structure, self.window
+        S, c, A = self.structure, self.window, self.anchor
         W = {k: p.state[k] for k in S.weight_shapes()}
         opt = {k: p.state[k] for k in self.algorithm.init_opt(W)}
         xk, xv, xg = self._extended(p)
@@ -290,9 +414,10 @@ class ComposedRule(Rule):
         alpha_t = p.alpha.unbind(2)
         gates_t = {n: x.unbind(2) for n, x in p.gates.items()}
         ys = []
-        anchor = W
+        pos0 = self.position(p)
+        anchor = self.anchor_weights(p, W)
         for t in range(T):
-            if t % anchor_every == 0:
+            if (pos0 + t) % A == 0:
                 anchor = W
             if self.read == "before":
                 ys.append(S.read(W, psi_t[t]))
@@ -305,7 +430,7 @@ class ComposedRule(Rule):
             if self.read == "after":
                 ys.append(S.read(W, psi_t[t]))
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
-        return y, self._final_state(W, opt, xk, xv, xg)
+        return y, self._final_state(W, opt, xk, xv, xg, self.anchor_state(p, anchor, W))
 
     def _extended(self, p: MemoryInputs):
         """Inputs with the carried window prepended: [B, H, (c-1) + T, ...]."""
@@ -318,9 +443,14 @@ class ComposedRule(Rule):
             torch.cat([st["window.gamma"], p.gamma], dim=2),
         )
 
-    def _final_state(self, W, opt, xk, xv, xg) -> dict:
+    def _final_state(self, W, opt, xk, xv, xg, anchored: dict | None = None) -> dict:
+        """The state after a call: weights, optimiser state, the last c - 1 window inputs and,
+        for an anchored rule, ``anchored`` (from `anchor_state`)."""
+        if self.anchor > 1 and anchored is None:
+            raise RuntimeError("an anchored rule's final state needs its anchor entries (anchor_state)")
         state = dict(W)
         state.update(opt)
+        state.update(anchored or {})
         c = self.window
         if c > 1:
             state["window.k"] = xk[:, :, -(c - 1) :]
@@ -364,7 +494,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
     """Build a rule from knob values, a preset, or a standalone rule.
 
     ``spec`` is ``{"structure": ..., "bias": ..., "retention": ..., "algorithm": ...,
-    "feature_map": ..., "read": "after"}`` (each knob ``"ns:name"`` or
+    "feature_map": ..., "read": "after", "anchor": 1}`` (each knob ``"ns:name"`` or
     ``{"use": "ns:name", **params}``; missing knobs take the core defaults), or
     ``{"use": "ns:preset", <knob overrides>}``, or ``{"use": "ns:standalone_rule", **params}``.
     Every problem is collected into one `SpecError`.
@@ -380,6 +510,11 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
     if "use" in spec:
         comp = reg.get("rule", spec["use"], f"{pre}use")
         if "preset" not in comp.capabilities:
+            anchor = spec.pop("anchor", 1)
+            if anchor != 1:
+                raise SpecError([Issue(
+                    f"{pre}anchor", f"{comp.name} is a standalone rule with no inner gradient to "
+                    "anchor; only knob-composed rules take an anchor", anchor, "remove anchor")])
             rest = {k: v for k, v in spec.items() if k != "use"}
             params = comp.validate(rest, path)
             from .host.registry import BuildContext
@@ -407,6 +542,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
             issues.extend(exc.issues)
     if knobs["read"] not in ("after", "before"):
         issues.append(Issue(f"{pre}read", "must be 'after' or 'before'", knobs["read"]))
+    issues.extend(check_anchor(knobs["anchor"], f"{pre}anchor"))
     if issues:
         raise SpecError(issues)
     resolved = {k: _canonical(knobs[k]) for k in KNOB_DEFAULTS}
@@ -417,6 +553,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
             built["structure"], built["bias"], built["retention"], built["algorithm"],
             built["feature_map"], read=knobs["read"], spec=resolved,
             default_strategy=parallel if parallel is not None else "core:sequential",
+            anchor=knobs["anchor"],
         )
     except SpecError as exc:
         raise exc.prefixed(path) if path else exc

@@ -76,6 +76,7 @@ def _canonical_rule(rule: Any, reg: Registry) -> dict[str, Any]:
     for key, kind in KNOB_KINDS.items():
         out[key] = canonical_component(reg, kind, raw[key], f"memory.{key}")
     out["read"] = raw.get("read", "after")
+    out["anchor"] = raw.get("anchor", 1)
     return out
 
 

@@ -30,6 +30,19 @@ class Strategy:
     def supports(self, rule) -> tuple[bool, str]:
         return True, ""
 
+    def bind(self, registry=None) -> "Strategy":
+        """Resolve what this strategy needs from the registry (its kernel backends) once, when a
+        rule or layer binds it; a call then makes no registry lookup."""
+        from ..backends import bind_backends
+
+        self._backends = bind_backends(self.name, getattr(getattr(self, "params", None), "backend", None), registry)
+        return self
+
+    def bound_backends(self):
+        if getattr(self, "_backends", None) is None:  # a strategy object used unbound
+            self.bind()
+        return self._backends
+
     def run(self, rule, inputs):
         raise NotImplementedError
 
@@ -62,6 +75,8 @@ def resolve_strategy(rule, value: Any = "auto", registry=None) -> Strategy:
     ok, reason = strat.supports(rule)
     if not ok:
         raise StrategyError(f"strategy {strat.name} cannot run this rule: {reason}")
+    if getattr(strat, "_backends", None) is None:
+        strat.bind(registry)
     return strat
 
 
@@ -72,6 +87,6 @@ def auto_strategy(rule, registry=None) -> Strategy:
         strat = reg.build("strategy", comp.name)
         ok, reason = strat.supports(rule)
         if ok:
-            return strat
+            return strat.bind(reg)
         log.debug("strategy %s passed over: %s", comp.name, reason)
-    return build_strategy("core:sequential", reg)
+    return build_strategy("core:sequential", reg).bind(reg)

@@ -1,10 +1,18 @@
-"""``core:chunkwise``: chunk-anchored parallel training (Titans Sec 3.2, MIRAS Eq 28, Atlas Eq 15).
+"""``core:chunkwise``: chunk-parallel form of anchored rules (Titans Sec 3.2, MIRAS Eq 28, Atlas Eq 15).
 
-Time is split into chunks of C tokens; inside a chunk every gradient is taken at the anchor, the
-memory before the chunk: ``g_t = grad L_t(M_anchor)``. Everything after that is exact — retention
+A rule with ``anchor = A`` takes every gradient inside a block of A tokens at the memory before
+the block (docs/math.md, "Anchoring as part of the rule"). This strategy splits time into chunks of
+C tokens that lie inside those blocks (C divides A; both grids aligned to absolute positions, so a
+call that starts inside a chunk first runs up to the next chunk boundary): the gradients of a
+chunk are all taken at the block's anchor memory, and everything after that is exact — retention
 and momentum are linear recurrences solved with decay matrices (`decay.decay_matrix`), reads are
-exact. Hence chunk size 1 equals ``core:sequential`` exactly, and chunk size C equals the rule's
-reference loop with ``anchor_every = C``.
+exact. So the result equals ``core:sequential`` on the same rule, for every accepted C and any
+split of a sequence into calls.
+
+Accepted: ``anchor % C == 0`` (C = 1 always; the default C is the largest divisor of the anchor up
+to 64), and any C for a linear memory with a prediction-free bias (``core:dot``: its gradients do
+not depend on the memory, so anchoring changes nothing). A per-token rule (``anchor = 1``) with a
+memory-dependent bias is refused for C > 1: its exact chunked form is ``core:exact_chunk``.
 
 Two paths:
 - **linear memory with gd or momentum** (MATH.md, "Parallel forms"): with U the bias's error
@@ -20,25 +28,30 @@ Two paths:
   gradients, the algorithm's `chunk` recurrence, and per-token reads — an O(C |W|) transient per
   chunk, never O(T |W|).
 
-The chunk grid starts at each call: with C > 1, two calls split off a chunk boundary anchor
-differently from one call (split on a boundary, or C = 1, they agree exactly).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from ..backends import select_backend
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
 from .base import Strategy
 from .decay import decay_matrix
 
 
+MAX_DEFAULT_CHUNK = 64
+
+
 class ChunkwiseParams(Params):
-    chunk_size: int = Field(64, ge=1, description="tokens per chunk (C); 1 is exactly sequential")
+    chunk_size: int | None = Field(
+        None, ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: the "
+        f"largest divisor of the anchor up to {MAX_DEFAULT_CHUNK}",
+    )
     backend: str | None = Field(
         None, description="force a kernel backend by name, or 'torch' for the PyTorch code"
     )
@@ -185,12 +198,46 @@ class Chunkwise(Strategy):
         self.chunk_size = self.params.chunk_size
 
     def describe(self) -> str:
-        return f"{self.name}(chunk_size={self.chunk_size})"
+        return f"{self.name}(chunk_size={self.chunk_size if self.chunk_size else 'auto'})"
+
+    def chunk_for(self, rule) -> int:
+        """The chunk size this strategy runs ``rule`` with (see `supports`)."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        A = int(getattr(rule, "anchor", 1))
+        if A == 1:
+            return MAX_DEFAULT_CHUNK if _anchor_free(rule) else 1
+        return self.chunk_for_anchor(A)
+
+    @staticmethod
+    def chunk_for_anchor(A: int) -> int:
+        """The largest divisor of ``A`` up to `MAX_DEFAULT_CHUNK`."""
+        return max(d for d in range(1, min(A, MAX_DEFAULT_CHUNK) + 1) if A % d == 0)
 
     def supports(self, rule) -> tuple[bool, str]:
         for attr in ("structure", "bias", "retention", "algorithm"):
             if not hasattr(rule, attr):
                 return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
+        A, C = int(getattr(rule, "anchor", 1)), self.chunk_size
+        free = A == 1 and _anchor_free(rule)  # any chunk: the gradients ignore the memory
+        if C is None and A == 1 and not free:
+            return False, (
+                "the rule is per-token (anchor = 1) and its gradients depend on the memory, so a "
+                "chunk of it cannot be formed from one anchor; core:exact_chunk runs it exactly "
+                "where it can, or set [memory] anchor = A for Titans' mini-batch rule"
+            )
+        if C is not None and C > 1 and A % C and not free:
+            if A == 1:
+                return False, (
+                    f"chunk_size={C} would take every gradient of a chunk at the chunk's start, "
+                    f"which is another rule than this per-token one (anchor = 1); to keep that "
+                    f"function write anchor = {C} in [memory], or run the per-token rule with "
+                    "core:exact_chunk or core:sequential"
+                )
+            return False, (
+                f"chunk_size={C} does not divide the rule's anchor={A}: a chunk must lie inside "
+                f"one anchor block; use a divisor of {A} (e.g. {self.chunk_for_anchor(A)})"
+            )
         if not rule.retention.linear:
             return False, (
                 f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
@@ -220,7 +267,15 @@ class Chunkwise(Strategy):
         )
 
     def run(self, rule, inputs):
-        backend = select_backend(self, rule, inputs, self.params.backend)
+        C = self.chunk_for(rule)
+        T = inputs.shape[2]
+        head = (-rule.position(inputs)) % C if getattr(rule, "anchor", 1) > 1 else 0
+        if 0 < head < T:  # the call starts inside a chunk: run up to its boundary first
+            first, rest = inputs.split(head)
+            y1, st = self.run(rule, first)
+            y2, st = self.run(rule, replace(rest, state=st))
+            return torch.cat([y1, y2], dim=2), st
+        backend = self.bound_backends().select(self, rule, inputs)
         if backend is not None:
             return backend.run(self, rule, inputs)
         return self.run_torch(rule, inputs)
@@ -228,7 +283,10 @@ class Chunkwise(Strategy):
     # -- PyTorch --------------------------------------------------------------------------------
     def run_torch(self, rule, p):
         B, H, T = p.shape
-        S, c, C = rule.structure, rule.window, self.chunk_size
+        S, c, A = rule.structure, rule.window, int(getattr(rule, "anchor", 1))
+        # a call aligned to a chunk boundary (see `run`); a short call is one short chunk, not a
+        # padded whole one
+        C = max(1, min(self.chunk_for(rule), T))
         W = {k: p.state[k] for k in S.weight_shapes()}
         opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
         xk, xv, xg = rule._extended(p)
@@ -243,23 +301,28 @@ class Chunkwise(Strategy):
         gates_c = {k: g.split(C, dim=2) for k, g in p.gates.items()}
         xk_c, xv_c = (_window_chunks(x, C, c, T) for x in (xk, xv))
         kern = _chunk_kernels(rule, p, xg, lag, C, c, T, gd_form=fast or dual)
+        pos = rule.position(p) if A > 1 else 0
+        anchor = rule.anchor_weights(p, W) if A > 1 else W
         ys = []
         for i in range(-(-T // C)):  # no chunk at all when T = 0
+            if (pos + i * C) % A == 0:  # a chunk that opens an anchor block
+                anchor = W
             xe, ve = xk_c[i], xv_c[i]  # [B, H, n + c - 1, .]
             k_i = {name: x[i] for name, x in kern.items()}
             if dual:  # the anchored errors come out of the structure's own forward
-                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, k_i, psi_c[i])
+                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, k_i, psi_c[i], anchor)
             else:
-                U = rule.bias.error(S.read(W, xe), ve)  # anchored error derivatives [B, H, m, Dv]
+                U = rule.bias.error(S.read(anchor, xe), ve)  # anchored error derivatives [B, H, m, Dv]
                 if fast:
                     y, W, opt = self._linear_chunk(rule, W, opt, xe, U, k_i, psi_c[i])
                 else:
                     gates = {k: g[i] for k, g in gates_c.items()}
                     y, W, opt = self._generic_chunk(rule, W, opt, xe, U, k_i["Wm"], k_i["L"],
-                                                    k_i["A"], gates, psi_c[i], alpha_c[i])
+                                                    k_i["A"], gates, psi_c[i], alpha_c[i], anchor)
             ys.append(y)
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
-        return y, rule._final_state(W, opt, xk, xv, xg)
+        anchored = rule.anchor_state(p, anchor, W) if A > 1 else None
+        return y, rule._final_state(W, opt, xk, xv, xg, anchored)
 
     def _linear_chunk(self, rule, W, opt, xe, U, kern, psi):
         M0 = W["M"]  # (B, H, Dv, Dphi)
@@ -275,7 +338,7 @@ class Chunkwise(Strategy):
             opt = {"Z.M": Z}
         return y, {"M": M}, opt
 
-    def _dual_chunk(self, rule, W, opt, xe, ve, kern, psi):
+    def _dual_chunk(self, rule, W, opt, xe, ve, kern, psi, anchor):
         """gd / momentum on a structure with rank-one per-token gradients (`grad_factors`) whose
         read is a chain of matrix products (`apply_layers`), e.g. ``titans:mlp``: the dual form.
 
@@ -288,7 +351,7 @@ class Chunkwise(Strategy):
         much as a small matrix product."""
         S = rule.structure
         # {k: (delta [B, H, m, out], z [B, H, m, in])}, the errors taken at the anchor's forward
-        fac = S.grad_factors(W, xe, lambda pred: rule.bias.error(pred, ve))
+        fac = S.grad_factors(anchor, xe, lambda pred: rule.bias.error(pred, ve))
         A, K, Kr, Ar = kern["A"], kern["K"], kern["Kr"], kern["Ar"]
         PL, PLr = kern.get("PL"), kern.get("PLr")
         Z0 = {k: opt[f"Z.{k}"] for k in W} if PL is not None else None
@@ -322,9 +385,9 @@ class Chunkwise(Strategy):
             opt = {f"Z.{k}": _bmm_add(Pn * Z0[k], *outer(KZn, delta, z)) for k, (delta, z) in fac.items()}
         return y, new, opt
 
-    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha):
+    def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha, anchor):
         S = rule.structure
-        per_tok = S.grad_per_token(W, xe, U)  # {k: [B, H, m, *s]}
+        per_tok = S.grad_per_token(anchor, xe, U)  # {k: [B, H, m, *s]}, at the anchor memory
         if rule.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
             w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
             G = {k: _bc(w, g) * g for k, g in per_tok.items()}
@@ -343,6 +406,12 @@ class Chunkwise(Strategy):
             Wread = Wall
         y = S.read_per_token(Wread, psi)
         return y, {k: w[:, :, -1] for k, w in Wall.items()}, opt
+
+
+def _anchor_free(rule) -> bool:
+    """Anchoring cannot change this rule: a linear memory whose bias's error ignores the
+    prediction (``core:dot``), so every gradient ``u phi^T`` is the same at any memory."""
+    return bool(getattr(rule.bias, "prediction_free", False)) and bool(rule.structure.is_linear)
 
 
 def build(params, ctx) -> Chunkwise:

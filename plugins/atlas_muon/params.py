@@ -48,7 +48,10 @@ class MuonParams(Params):
 class AtlasParallelParams(Params):
     """Parameters of ``atlas_muon:atlas_parallel``."""
 
-    chunk_size: int = Field(64, ge=1, description="tokens per chunk (C); 1 is exactly sequential")
+    chunk_size: int | None = Field(
+        None, ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: "
+        "the largest divisor of the anchor up to 64",
+    )
     checkpoint: bool = Field(
         True,
         description="recompute each chunk in the backward pass instead of keeping its per-token "

@@ -28,6 +28,10 @@ ATLAS_KNOBS = {
     "algorithm": {"use": "atlas_muon:muon", "ns_steps": 5},
     "feature_map": {"use": "omega:poly", "mode": "elementwise", "degree": 2},
     "read": "after",
+    # Atlas trains with chunked gradients (Sec 5, Eq 15): every gradient of a 16-token block is
+    # taken at the block's start memory. Muon has no exact chunked form, so anchor = 1 (the
+    # per-token rule) runs only sequentially.
+    "anchor": 16,
 }
 
 
@@ -42,7 +46,8 @@ MUON_CASES = [
 ]
 PARALLEL_CASES = [
     {"params": {}},
-    {"params": {"chunk_size": 3, "checkpoint": False}, "rule": "atlas_muon:atlas_linear"},
+    {"params": {"chunk_size": 3, "checkpoint": False},
+     "rule": {"use": "atlas_muon:atlas_linear", "anchor": 6}},
 ]
 
 

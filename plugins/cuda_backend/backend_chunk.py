@@ -86,9 +86,19 @@ class ChunkLinearBackend(Backend):
         dk, dv = p.psi.shape[-1], p.v.shape[-1]
         if _pow2(dk) > MAX_HEAD_DIM or _pow2(dv) > MAX_HEAD_DIM:
             return False, f"head dims Dphi={dk}, Dv={dv} exceed {MAX_HEAD_DIM}"
-        C, c = getattr(strategy, "chunk_size", None), rule.window
-        if C is None:
+        chunk_for = getattr(strategy, "chunk_for", None)
+        if chunk_for is None:
             return False, f"strategy {strategy.name} has no chunk_size"
+        C, c, A = chunk_for(rule), rule.window, int(getattr(rule, "anchor", 1))
+        # the kernel takes each chunk's gradients at the chunk's start memory: that is the rule
+        # when the chunks are its anchor blocks, or when the gradients ignore the memory (dot)
+        if not (A == C or (A == 1 and kind == "dot")):
+            return False, (
+                f"the kernel anchors gradients at each chunk's start; the rule's anchor={A} "
+                f"differs from chunk_size={C}"
+            )
+        if A > 1 and (rule.position(p) % C or T % C):
+            return False, "the call does not cover whole anchor blocks (the kernel keeps no anchor memory)"
         if C > MAX_CHUNK:
             return False, f"chunk_size={C} exceeds {MAX_CHUNK}"
         if _pow2(C + c - 1) > MAX_EXTENDED:
@@ -115,11 +125,13 @@ class ChunkLinearBackend(Backend):
             p.psi, xk, xv, xg, p.alpha, p.gates["theta"],
             p.gates["eta"] if momentum else None, lag,
             p.state["M"], p.state["Z.M"] if momentum else None,
-            chunk_size=strategy.chunk_size, bias=bias_kind(rule.bias), read=rule.read,
+            chunk_size=strategy.chunk_for(rule), bias=bias_kind(rule.bias), read=rule.read,
         )
         dt = p.state["M"].dtype
         opt = {"Z.M": Z.to(dt)} if momentum else {}
-        return y, rule._final_state({"M": M.to(dt)}, opt, xk, xv, xg)
+        W = {"M": M.to(dt)}
+        anchored = rule.anchor_state(p, W, W) if rule.anchor > 1 else None  # whole blocks: W
+        return y, rule._final_state(W, opt, xk, xv, xg, anchored)
 
 
 _INSTANCE = ChunkLinearBackend()

@@ -47,9 +47,7 @@ class MRUScan(Strategy):
         return True, ""
 
     def run(self, rule: MRURule, inputs):
-        from atlas_core.backends import select_backend
-
-        backend = select_backend(self, rule, inputs)
+        backend = self.bound_backends().select(self, rule, inputs)
         if backend is not None:
             return backend.run(self, rule, inputs)
         return rule.scan(inputs, self.algorithm)

@@ -4,8 +4,8 @@
 - `FeedForward`, `BranchGate` (the paper's ``(x)`` gate: normalise both branches with learned
   vector weights, then a sigmoid), `build_memory_layer` (a `MemoryLayer` from the spec, with the
   errors a spec can cause turned into `SpecError`s at ``memory``);
-- `run_memory`: a memory layer over new tokens with **chunk buffering**, so that decoding with a
-  carried state reproduces the full forward pass exactly for every strategy (see its docstring);
+- `run_memory`: a memory layer over new tokens, continuing from its carried state (exact for every
+  strategy and any split);
 - `TitansLM`: embedding -> blocks -> final norm -> head, with ``step(ids, state)`` carrying one
   state per block (the `MemoryLM` base class gives ``generate``).
 
@@ -131,10 +131,10 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_o
     ``read_only``: the architecture also queries the memory without updating it (MAC's
     retrieval), which needs a knob-composed rule (a structure to read and a feature map).
     ``registry``: where the rule and its strategy are looked up (the build context's; the
-    process-wide registry when None). The strategy is resolved once, here, and the layer keeps the
-    resolved object, so running the model never looks it up again."""
+    process-wide registry when None). The layer resolves its strategy once when it is built and
+    keeps the bound runner, so running the model never looks it up again."""
+    from atlas_core.errors import StrategyError
     from atlas_core.layer import MemoryLayer
-    from atlas_core.strategies.base import resolve_strategy
 
     try:
         layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads, registry=registry)
@@ -144,6 +144,8 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_o
         raise SpecError([i if i.path.startswith("memory") else
                          Issue(f"memory.{i.path}" if i.path else "memory", i.message, i.value, i.hint)
                          for i in exc.issues]) from None
+    except StrategyError as exc:
+        raise SpecError([Issue("memory.parallel", str(exc))]) from None
     except ValueError as exc:
         raise SpecError([Issue("memory", f"{arch} cannot host this memory: {exc}")]) from None
     rule = layer.rule
@@ -157,42 +159,17 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_o
         raise SpecError([Issue(
             "memory", f"{arch} retrieves from the committed memory with a read-only query, which "
             f"needs a knob-composed rule (structure + feature map); {name} is standalone", name)])
-    try:
-        strategy = resolve_strategy(rule, layer.strategy, registry)
-    except ValueError as exc:
-        raise SpecError([Issue("memory.parallel", str(exc), layer.strategy)]) from None
-    layer.strategy = strategy
-    # tokens per chunk of the strategy: decoding buffers this many inputs (see run_memory)
-    layer.period = int(getattr(strategy, "chunk_size", 1) or 1)
     return layer
 
 
 def run_memory(layer, x: torch.Tensor, st: dict | None, *, keep_state: bool):
-    """The memory layer over new tokens ``x: [B, n, d]``, continuing from ``st``.
+    """The memory layer over new tokens ``x: [B, n, d]``, continuing from the layer state ``st``.
 
-    A chunkwise strategy takes every gradient of a chunk at the chunk's anchor, and its chunk grid
-    starts at each call. To make incremental decoding equal the full forward pass, the state is
-    kept at the last chunk boundary (``"committed"``) with the inputs since then (``"buffer"``,
-    fewer than ``layer.period`` tokens); each call re-runs the buffer plus the new tokens from the
-    committed state. Per-token cost stays bounded by the chunk size (strategies without chunks have
-    period 1: no buffer). Returns ``(y [B, n, d], state or None)``."""
-    committed = st["committed"] if st else None
-    full = torch.cat([st["buffer"], x], dim=1) if st else x
-    n = x.shape[1]
-    if not keep_state:
-        y, _ = layer(full, committed)
-        return y[:, full.shape[1] - n :], None
-    cut = (full.shape[1] // layer.period) * layer.period  # the last chunk boundary
-    ys = []
-    if cut:
-        y1, committed = layer(full[:, :cut], committed)
-        ys.append(y1)
-    rest = full[:, cut:]
-    if rest.shape[1]:
-        y2, _ = layer(rest, committed)
-        ys.append(y2)
-    y = torch.cat(ys, dim=1)
-    return y[:, y.shape[1] - n :], {"committed": committed, "buffer": rest}
+    Every strategy equals the sequential rule for any split of a sequence into calls (the state
+    carries the anchor block's position and memory), so decoding simply continues from the state;
+    a one-token step runs the rule's sequential step. Returns ``(y [B, n, d], state or None)``."""
+    y, new = layer(x, st)
+    return y, (new if keep_state else None)
 
 
 class TitansLM(MemoryLM):

@@ -46,6 +46,10 @@ def atlas_register(registry):
             "retention": "core:decay",
             "algorithm": "core:momentum",
             "feature_map": "core:identity",
+            # Titans' mini-batch gradient descent (Sec 3.2): gradients of a 16-token block at
+            # the block's start, which core:chunkwise runs in parallel; anchor = 1 is per token
+            "anchor": 16,
         },
-        summary="Titans deep memory: the Titans rule on a 2-layer MLP memory (titans:mlp)",
+        summary="Titans deep memory: the Titans rule on a 2-layer MLP memory (titans:mlp), "
+        "gradients anchored per 16-token block",
     )
