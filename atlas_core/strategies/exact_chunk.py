@@ -1,52 +1,68 @@
-"""``core:exact_chunk``: the delta rule with decay, exact for any chunk size (WY / UT transform).
+"""``core:exact_chunk``: the per-token delta rule, exact for any chunk size (WY / UT transform).
 
-For ``gd`` on a linear memory with the l2 bias and a window of one token (Titans without momentum,
-DeltaNet, their decayed variants) every step is an affine map of the memory:
+Runs gd or momentum (Titans) on a linear memory with the l2 bias, or with an Omega window of c
+tokens around it, under scalar-decay retention (``core:decay`` / ``core:none``), read "after" or
+"before". The result equals ``core:sequential`` (the rule's reference loop, every gradient at the
+true memory ``M_{t-1}``) up to rounding for every chunk size C; autograd differentiates through
+everything, the triangular solve included.
 
-    M_t = alpha_t M_{t-1} - theta_t (M_{t-1} k_t - v_t) k_t^T
-        = M_{t-1} (alpha_t I - theta_t k_t k_t^T) + theta_t v_t k_t^T          (k = phi(k))
+The rule (k = phi(k), q = phi(q); an extended position l runs over the c - 1 carried window tokens
+and then the call's tokens; lag[0] weighs the current token):
 
-The gradient is taken at ``M_{t-1}`` (MATH.md reduction 6: Gated DeltaNet takes it at the decayed
-``alpha_t M_{t-1}``; with decay those are different rules). Inside a chunk starting from ``S`` write
-``A_t = prod_{m<=t} alpha_m``, ``L[t, i] = prod_{i<m<=t} alpha_m`` (`decay.decay_matrix`) and
-``e_t = M_{t-1} k_t - v_t`` for the error at the TRUE memory (not an anchor). Unrolling gd gives
+    g_t = sum_{s<c} w[t, s] (M_{t-1} x_{t,s} - v_{t,s}) x_{t,s}^T,
+    w[t, s] = theta_t gamma_{l} lag[t - l],  x_{t,s} = k_l, v_{t,s} = v_l,  l = t - (c - 1) + s
+    gd:        M_t = alpha_t M_{t-1} - g_t
+    momentum:  Z_t = eta_t Z_{t-1} + g_t,  M_t = alpha_t M_{t-1} - Z_t
 
-    M_t = A_t S - sum_{i<=t} L[t, i] theta_i e_i k_i^T,
+(c = 1: w[t, 0] = theta_t gamma_t lag[0]). Inside a chunk of C tokens that starts from (S, Z0),
+with the decay matrices (`decay.decay_matrix`) ``L`` of alpha and ``E`` of eta, ``A_t = prod
+alpha``, ``P_t = prod eta``, ``K = L`` and ``PL = 0`` for gd, ``K = L E`` and ``PL = L P`` for
+momentum, both algorithms unroll to
 
-so the errors satisfy a unit lower-triangular C x C system (``L'[t, i] = L[t-1, i]`` for i < t):
+    M_t = A_t S - PL_t Z0 - sum_{j<=t} K[t, j] g_j,   Z_t = P_t Z0 + sum_{j<=t} E[t, j] g_j.
 
-    e_t + sum_{i<t} L'[t, i] theta_i (k_t . k_i) e_i = A_{t-1} S k_t - v_t
-    (I + N) E = A' K S^T - V   =>   E = W S^T - U,  W = (I + N)^{-1} A' K,  U = (I + N)^{-1} V
+The unknowns are the C c errors ``e_{j,s} = M_{j-1} x_{j,s} - v_{j,s}`` at the true memory. With
+``K'[t, j] = K[t-1, j]`` (the rows of M_{t-1}: strictly lower) and A', PL' shifted likewise they
+solve one unit lower-triangular system of size C c (block lower-triangular by token: the c errors
+of one token are all at M_{j-1}, so they do not couple):
 
-(the "UT transform": the unit lower-triangular matrix ``I + N`` does not depend on S). With
-``P = L o (Q K^T) diag(theta)`` (``L'`` for ``read = "before"``):
+    e_{j,s} + sum_{i<j, r} K'[j, i] w[i, r] (x_{j,s} . x_{i,r}) e_{i,r} = (A'_j S - PL'_j Z0) x_{j,s} - v_{j,s}
+    (I + N) E = A' X S^T - PL' X Z0^T - V   =>   E = W_S S^T - W_Z Z0^T - U
 
-    y      = A Q S^T - P E
-    S_next = A_C S - E^T diag(L[C, :] theta) K
+(the UT transform: ``I + N`` does not depend on the memory, so ``W_S, W_Z, U`` come out of one
+batched triangular solve). The reads, with ``R = K, A, PL`` for "after" and ``K', A', PL'`` for
+"before" and ``Pm[t, (j,s)] = R[t, j] w[j, s] (q_t . x_{j,s})``, and the next chunk's state are
 
-Everything that does not involve S (decay matrices, ``N``, ``P``, the scaled keys, and the UT
-transforms ``W, U`` themselves: one batched triangular solve) is formed for all chunks at once; the
-loop over chunks then does two products per chunk, the errors ``E = W S^T - U`` and the rank-C
-update of S; the reads ``y = A Q S^T - P E`` of all chunks are batched after it. Only the memory
-at chunk boundaries is kept. Cost O(T C d + T d^2), memory O(T C + T d + (T / C) d^2). The result
-equals ``core:sequential`` up to rounding for every C (there is no anchoring approximation);
-autograd differentiates through the solve. Per token this is about 4 C d + 3 d^2 multiply-adds
-against 2 C d + 3 d^2 for ``core:chunkwise`` on the same rule (the Gram matrix ``K K^T`` and the
-solve are the price of exactness): on a CPU, where time follows the multiply-adds, it runs about
-1.5x slower than the anchored form at the same C (docs/benchmarks.md).
+    y      = A Q S^T - PL Q Z0^T - Pm E
+    S_next = A_C S - PL_C Z0 - E^T diag(K[C, j] w[j, s]) X
+    Z_next = P_C Z0 + E^T diag(E[C, j] w[j, s]) X.
 
-An Omega window of one token (``omega:window`` with ``window = 1`` around ``core:l2``) is supported
-too: its weight ``gamma_t * lag[0]`` multiplies theta_t. Refused (``supports``): momentum or any
-other algorithm, the dot / lp / huber biases, windows longer than one token, nonlinear retention,
-deep memory. Tensors: ``p.psi, p.phik: [B, H, T, Dphi]``, ``p.v: [B, H, T, Dv]``, gates
-``[B, H, T]``, state ``{"M": [B, H, Dv, Dphi]}``.
+Everything that does not involve the memory (decay matrices, Gram matrices, ``N``, ``Pm``, the
+solve) is formed for all chunks at once. The loop over chunks does two products per chunk on the
+stacked state ``[S | Z0]: [Dv, d]`` (gd) or ``[Dv, 2 d]`` (momentum): ``E = [W_S | -W_Z] [S | Z0]^T
+- U`` and ``[S | Z]_next = mix([S | Z0]) + E^T [D_S | D_Z]`` (``mix`` the 2 x 2 scalar map of
+(S, Z0) above); the reads of all chunks are batched after it. Only the state at chunk boundaries
+is kept. For c > 1 the (C c)^2 Gram matrix is gathered (unfold) from the (C + c - 1)^2 one of the
+chunk's distinct keys, and the read scores likewise.
+
+Cost per token, multiply-adds, d = Dk = Dv, c = 1: gd about ``3 C d`` (Gram, reads, half the
+solve's 2 d columns) ``+ 3 d^2``; momentum about ``C^2`` (K = L E) ``+ 4.5 C d + 6 d^2``, against
+``C^2 + 2 C d + 5 d^2`` for ``core:chunkwise`` on the anchored rule (its per-token anchored
+gradient needs no solve and one product with the state fewer). The window multiplies the memory
+products by c and the solve by c^2: ``(C c)^2 (2 d + Dv) / 2`` per chunk. Memory O(T C c^2 + T c d
++ (T / C) d^2).
+
+Refused (``supports``): other algorithms, biases other than l2 (dot / lp / huber), nonlinear
+retention, other structures (deep memory), anchored rules (``anchor > 1``: run by
+``core:chunkwise``). Tensors: ``p.psi, p.phik: [B, H, T, Dphi]``, ``p.v: [B, H, T, Dv]``, gates
+``[B, H, T]``, state ``{"M": [B, H, Dv, Dphi]}`` plus ``"Z.M"`` (momentum) and ``"window.*"``
+(c > 1).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from pydantic import Field
 
 from ..host.registry import Params
@@ -60,7 +76,7 @@ class ExactChunkParams(Params):
 
 
 def _is_l2(bias) -> bool:
-    """The bias's error is ``pred - v`` (core:l2, or a one-token window around it)."""
+    """The bias's error is ``pred - v`` (core:l2, or an Omega window around it)."""
     from ..components.l2 import L2Bias
 
     if bias is None:
@@ -68,12 +84,26 @@ def _is_l2(bias) -> bool:
     if type(bias).error is L2Bias.error:
         return True
     inner = getattr(bias, "inner", None)
-    return inner is not None and getattr(bias, "window", 1) == 1 and _is_l2(inner)
+    return inner is not None and _is_l2(inner)
 
 
-def _shift_down(x: torch.Tensor, first: torch.Tensor, dim: int) -> torch.Tensor:
+def _shift_down(x: torch.Tensor, first: float, dim: int) -> torch.Tensor:
     """Drop the last entry along ``dim`` and put ``first`` in front (index t holds x[t - 1])."""
-    return torch.cat([first, x.narrow(dim, 0, x.shape[dim] - 1)], dim=dim)
+    head = torch.full_like(x.narrow(dim, 0, 1), first)
+    return torch.cat([head, x.narrow(dim, 0, x.shape[dim] - 1)], dim=dim)
+
+
+def _ends(x: torch.Tensor, last: int) -> torch.Tensor:
+    """Row ``C - 1`` of every chunk of ``x: [B, H, N, C, ...]`` but row ``last`` of the final one
+    (the state after the call's last token: a padded token leaves a momentum's memory moving)."""
+    if last == x.shape[3] - 1:
+        return x[:, :, :, -1]
+    return torch.cat([x[:, :, :-1, -1], x[:, :, -1:, last]], dim=2)
+
+
+def _slots(x: torch.Tensor, c: int) -> torch.Tensor:
+    """Per-token window rows ``[..., C, c]`` of ``[..., C]`` coefficients, flattened to C c."""
+    return x if c == 1 else x.unsqueeze(-1).expand(*x.shape, c).flatten(-2)
 
 
 class ExactChunk(Strategy):
@@ -91,81 +121,157 @@ class ExactChunk(Strategy):
             if not hasattr(rule, attr):
                 return False, "core:exact_chunk runs knob-composed rules; this rule is standalone"
         spec = getattr(rule, "spec", {})
+        anchor = getattr(rule, "anchor", 1)
+        if anchor != 1:
+            return False, (
+                f"the rule is anchored (anchor = {anchor}: every gradient of a block is taken at "
+                "the block's start memory); core:exact_chunk runs the per-token rule (anchor = 1) "
+                "— run anchored rules with core:chunkwise"
+            )
         if not (rule.structure.is_linear and set(rule.structure.weight_shapes()) == {"M"}):
             return False, (
                 f"structure {spec.get('structure')!r} is not a linear matrix memory; the WY form "
-                "needs M_t = M_{t-1} (alpha I - theta k k^T) + ... (use core:chunkwise)"
+                "needs every step to be affine in M (use core:chunkwise or core:sequential)"
             )
-        if getattr(rule.algorithm, "linear_form", None) != "gd":
+        form = getattr(rule.algorithm, "linear_form", None)
+        if form not in ("gd", "momentum"):
             return False, (
-                f"algorithm {spec.get('algorithm')!r} is not core:gd: momentum adds a second state "
-                "(Z), so one step is no longer a rank-1 update of M (use core:chunkwise)"
+                f"algorithm {spec.get('algorithm')!r} is neither core:gd nor core:momentum: its "
+                "step is not a linear recurrence in the gradient (use core:sequential)"
             )
-        if int(getattr(rule.bias, "window", 1)) != 1:
-            return False, (
-                f"bias {spec.get('bias')!r} has a window of {rule.bias.window} tokens: the "
-                "transition becomes rank c, not rank 1 (use core:chunkwise)"
-            )
+        if form == "momentum":
+            keys = set(rule.algorithm.init_opt({"M": torch.empty(0)}))
+            if keys != {"Z.M"}:
+                return False, f"algorithm {spec.get('algorithm')!r} keeps state {sorted(keys)}, not Z.M"
         if not _is_l2(rule.bias):
             return False, (
-                f"bias {spec.get('bias')!r} is not the l2 (delta-rule) bias: the exact form needs "
-                "an error linear in the memory, M k - v (use core:chunkwise)"
+                f"bias {spec.get('bias')!r} is not the l2 (delta-rule) bias, alone or in an Omega "
+                "window: the exact form needs an error linear in the memory, M k - v "
+                "(use core:chunkwise or core:sequential)"
             )
         ret = rule.retention
         if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
-            return False, f"retention {spec.get('retention')!r} is not a scalar decay"
+            return False, (
+                f"retention {spec.get('retention')!r} is not a scalar decay (it transforms the "
+                "memory after each step)"
+            )
         return True, ""
 
+    # -- the run --------------------------------------------------------------------------------
     def run(self, rule, p):
         B, H, T = p.shape
-        C = self.chunk_size
+        C, c = self.chunk_size, rule.window
+        mom = rule.algorithm.linear_form == "momentum"
         S = p.state["M"]  # [B, H, Dv, Dk]
-        lag0 = rule.bias.lag_weights(p.v.dtype, p.v.device)[0]
-        theta = p.gates["theta"] * p.gamma * lag0  # the step size of token t, [B, H, T]
+        Dv, Dk = S.shape[-2:]
+        xk, xv, xg = rule._extended(p)  # the carried window first: [B, H, c - 1 + T, .]
         if T == 0:
-            return p.v.new_zeros(B, H, 0, p.v.shape[-1]), rule._final_state({"M": S}, {}, p.phik, p.v, p.gamma)
-        # pad to whole chunks: a token with k = 0, theta = 0, alpha = 1 leaves the memory unchanged
-        pad = (-T) % C
-        K, Q, V, alpha = p.phik, p.psi, p.v, p.alpha
-        if pad:
-            K, Q, V = (F.pad(x, (0, 0, 0, pad)) for x in (K, Q, V))
-            theta = F.pad(theta, (0, pad))
-            alpha = F.pad(alpha, (0, pad), value=1.0)
-        K, Q, V = (rearrange(x, "b h (n c) d -> b h n c d", c=C) for x in (K, Q, V))
-        theta, alpha = (rearrange(x, "b h (n c) -> b h n c", c=C) for x in (theta, alpha))
-
+            opt = {"Z.M": p.state["Z.M"]} if mom else {}
+            return p.v.new_zeros(B, H, 0, Dv), rule._final_state({"M": S}, opt, xk, xv, xg)
+        N = -(-T // C)
+        pad = N * C - T  # whole chunks: a padded token has k = 0, v = 0, theta = 0, alpha = eta = 1
+        lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
+        theta = F.pad(p.gates["theta"], (0, pad)).unflatten(-1, (N, C))  # [B, H, N, C]
+        Q = F.pad(p.psi, (0, 0, 0, pad)).unflatten(2, (N, C))  # [B, H, N, C, Dk]
+        gates = [p.alpha] + ([p.gates["eta"]] if mom else [])
+        gates = F.pad(torch.stack(gates), (0, pad), value=1.0).unflatten(-1, (N, C))
         after = rule.read == "after"
-        # everything that does not depend on the memory, for all chunks at once
-        L = decay_matrix(alpha)  # [B, H, N, C, C]: L[t, i] = prod_{i<m<=t} alpha_m
-        Lp = _shift_down(L, torch.zeros_like(L[..., :1, :]), dim=-2)  # L[t-1, i], strictly lower
-        A = torch.cumprod(alpha, dim=-1)  # A_t
-        Ap = _shift_down(A, torch.ones_like(A[..., :1]), dim=-1)  # A_{t-1}
-        KtT = (theta.unsqueeze(-1) * K).transpose(-1, -2)  # (diag(theta) K)^T: [B, H, N, Dk, C]
-        Nm = Lp * (K @ KtT)  # strictly lower: the system is (I + Nm) E = ...
-        P = (L if after else Lp) * (Q @ KtT)  # intra-chunk read weights
-        Ks = Ap.unsqueeze(-1) * K  # A_{t-1} k_t
-        Qs = (A if after else Ap).unsqueeze(-1) * Q
-        Kd = L[..., -1, :].unsqueeze(-2) * KtT  # L[C, i] theta_i k_i, as columns: [B, H, N, Dk, C]
-        AC = A[..., -1, None, None]  # A_C: [B, H, N, 1, 1]
-        # the UT transform of every chunk at once: W = (I + Nm)^-1 A' K, U = (I + Nm)^-1 V
-        WU = torch.linalg.solve_triangular(Nm, torch.cat([Ks, V], dim=-1), upper=False, unitriangular=True)
-        Wt, Ut = WU.split([K.shape[-1], V.shape[-1]], dim=-1)
-        KdT = Kd.transpose(-1, -2).contiguous()  # [B, H, N, C, Dk]
-        # chunk after chunk, only what involves the memory: the errors E = W S^T - U and the next
-        # boundary memory S' = A_C S - (Kd E)^T, two products per chunk (unbind, not indexing,
-        # keeps the backward one op per tensor); the reads of every chunk afterwards, batched
+
+        # -- everything that does not depend on the memory, for all chunks at once --------------
+        D = decay_matrix(gates)  # L (and E): [.., B, H, N, C, C]
+        A = torch.cumprod(gates[0], dim=-1)  # A_t: [B, H, N, C]
+        L = D[0]
+        if mom:
+            E = D[1]
+            Pe = torch.cumprod(gates[1], dim=-1)
+            K = L @ E  # M_t's coefficient of the write of token j
+            PL = (L @ Pe.unsqueeze(-1)).squeeze(-1)  # M_t's coefficient of Z0
+        else:
+            K = L
+        Kp = _shift_down(K, 0.0, dim=-2)  # K[t-1, j]: strictly lower
+        Ap = _shift_down(A, 1.0, dim=-1)
+        Kr, Ar = (K, A) if after else (Kp, Ap)
+        if c == 1:
+            w = theta * F.pad(xg, (0, pad)).unflatten(-1, (N, C)) * lag[0]  # [B, H, N, C]
+            X = F.pad(xk, (0, 0, 0, pad)).unflatten(2, (N, C))  # the write keys: [B, H, N, C, Dk]
+            V = F.pad(xv, (0, 0, 0, pad)).unflatten(2, (N, C))
+            XwT = (w.unsqueeze(-1) * X).transpose(-1, -2)  # (diag(w) X)^T: [B, H, N, Dk, C]
+            Nm = Kp * (X @ XwT)  # strictly lower: the system is (I + Nm) E = ...
+            Pm = Kr * (Q @ XwT)  # the reads' weights of the errors: [B, H, N, C, C]
+        else:
+            X, V, w, Nm, Pm = self._window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad)
+        Apx = _slots(Ap, c).unsqueeze(-1)
+        rhs = [Apx * X]
+        if mom:
+            PLp = _shift_down(PL, 0.0, dim=-1)
+            rhs.append(_slots(PLp, c).unsqueeze(-1) * X)  # W_Z (its sign is put on Z0's side)
+        # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | PL' X], U = (I + Nm)^-1 V
+        WU = torch.linalg.solve_triangular(Nm, torch.cat(rhs + [V], dim=-1), upper=False, unitriangular=True)
+        Wst, Ut = WU.split([WU.shape[-1] - Dv, Dv], dim=-1)
+        wl = w if c == 1 else w.flatten(-2)  # [B, H, N, C c]
+        last = T - 1 - (N - 1) * C  # the last chunk ends at its last real token
+        Dn = [-(_slots(_ends(K, last), c) * wl).unsqueeze(-1) * X]  # S_next -= E^T D_S
+        if mom:
+            Dn.append((_slots(_ends(E, last), c) * wl).unsqueeze(-1) * X)  # Z_next += E^T D_Z
+        Dn = torch.cat(Dn, dim=-1) if mom else Dn[0]
+
+        # -- chunk after chunk, only what involves the memory ----------------------------------
+        BH = B * H
+        flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [BH, .] per chunk, one op each
+        AC = _ends(A, last)  # [B, H, N]
+        if mom:  # [S | Z]_next = [A_C S - PL_C Z | P_C Z] + E^T [D_S | D_Z], the 2 x 2 map per chunk
+            mix = torch.stack([AC, -_ends(PL, last), torch.zeros_like(AC), _ends(Pe, last)], dim=-1)
+            mix = mix.unflatten(-1, (2, 2))
+            mix_t = flat(mix.unsqueeze(3))  # [BH, 1, 2, 2] per chunk
+            SZ = torch.cat([S, p.state["Z.M"]], dim=-1).flatten(0, 1)  # [BH, Dv, 2 Dk]
+            Zsign = torch.cat([torch.ones(Dk, dtype=S.dtype, device=S.device),
+                               -torch.ones(Dk, dtype=S.dtype, device=S.device)])
+            Wst = Wst * Zsign  # [W_S | -W_Z], so that E = [W_S | -W_Z] [S | Z0]^T - U
+        else:
+            mix_t = flat(AC[..., None, None])  # [BH, 1, 1] per chunk
+            SZ = S.flatten(0, 1)
         starts, errors = [], []
-        for Wn, Un, KdTn, ACn in zip(Wt.unbind(2), Ut.unbind(2), KdT.unbind(2), AC.unbind(2)):
-            starts.append(S)
-            E = torch.baddbmm(Un.flatten(0, 1), Wn.flatten(0, 1), S.flatten(0, 1).transpose(-1, -2), beta=-1)
-            errors.append(E)
-            S = torch.baddbmm((ACn * S).flatten(0, 1), E.transpose(-1, -2), KdTn.flatten(0, 1), alpha=-1)
-            S = S.view(ACn.shape[:2] + S.shape[1:])
-        S0 = torch.stack(starts, dim=2)  # [B, H, N, Dv, Dk]: the memory before each chunk
-        E = torch.stack(errors, dim=1).view(Ut.shape)  # [B, H, N, C, Dv]
-        y = Qs @ S0.transpose(-1, -2) - P @ E
-        y = rearrange(y, "b h n c d -> b h (n c) d")[:, :, :T]
-        return y, rule._final_state({"M": S}, {}, p.phik, p.v, p.gamma)
+        for Wn, Un, Dnn, mixn in zip(flat(Wst), flat(Ut), flat(Dn), mix_t):
+            starts.append(SZ)
+            En = torch.baddbmm(Un, Wn, SZ.transpose(-1, -2), beta=-1)  # [BH, C c, Dv]
+            errors.append(En)
+            base = (mixn @ SZ.unflatten(-1, (2, Dk))).flatten(-2) if mom else mixn * SZ
+            SZ = torch.baddbmm(base, En.transpose(-1, -2), Dnn)
+        SZ0 = torch.stack(starts, dim=1).unflatten(0, (B, H))  # [B, H, N, Dv, Dk or 2 Dk]
+        Eall = torch.stack(errors, dim=1).unflatten(0, (B, H))  # [B, H, N, C c, Dv]
+        Qs = Ar.unsqueeze(-1) * Q
+        if mom:
+            PLr = PL if after else PLp
+            Qs = torch.cat([Qs, -PLr.unsqueeze(-1) * Q], dim=-1)
+        y = torch.baddbmm((Qs @ SZ0.transpose(-1, -2)).flatten(0, 2), Pm.flatten(0, 2),
+                          Eall.flatten(0, 2), alpha=-1).view(B, H, N * C, Dv)[:, :, :T]
+        SZ = SZ.unflatten(0, (B, H))
+        if mom:
+            W, opt = {"M": SZ[..., :Dk].contiguous()}, {"Z.M": SZ[..., Dk:].contiguous()}
+        else:
+            W, opt = {"M": SZ}, {}
+        return y, rule._final_state(W, opt, xk, xv, xg)
+
+    @staticmethod
+    def _window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad):
+        """The write keys, values and weights of an Omega window of c > 1 tokens, one row per
+        (token j, slot s) — ``X [B, H, N, C c, Dk]``, ``V``, ``w [B, H, N, C, c]`` — and the
+        system and read matrices ``Nm [.., C c, C c]``, ``Pm [.., C, C c]``. The Gram matrices
+        are taken once over the chunk's C + c - 1 distinct keys and gathered by unfold."""
+        B, H = theta.shape[:2]
+        m = C + c - 1
+        xk, xv, xg = F.pad(xk, (0, 0, 0, pad)), F.pad(xv, (0, 0, 0, pad)), F.pad(xg, (0, pad))
+        # slot s of token t holds extended position t + s (the oldest first)
+        w = theta.unsqueeze(-1) * xg.unfold(2, c, 1).unflatten(2, (N, C)) * lag.flip(0)  # [B, H, N, C, c]
+        X = xk.unfold(2, c, 1).transpose(-1, -2).reshape(B, H, N, C * c, -1)
+        V = xv.unfold(2, c, 1).transpose(-1, -2).reshape(B, H, N, C * c, -1)
+        Kw = xk.unfold(2, m, C).transpose(-1, -2)  # each chunk's keys with its window: [B, H, N, m, Dk]
+        G = (Kw @ Kw.transpose(-1, -2)).unfold(3, c, 1).unfold(4, c, 1)  # G[j, i, s, r] = x_{j,s} . x_{i,r}
+        KW = Kp.unsqueeze(-1) * w.unsqueeze(-3)  # K'[j, i] w[i, r]: [B, H, N, C, C, c]
+        Nm = (G * KW.unsqueeze(-2)).permute(0, 1, 2, 3, 5, 4, 6).reshape(B, H, N, C * c, C * c)
+        QK = (Q @ Kw.transpose(-1, -2)).unfold(-1, c, 1)  # q_t . x_{j,s}: [B, H, N, C, C, c]
+        Pm = (QK * (Kr.unsqueeze(-1) * w.unsqueeze(-3))).flatten(-2)  # [B, H, N, C, C c]
+        return X, V, w, Nm, Pm
 
 
 def build(params, ctx) -> ExactChunk:
