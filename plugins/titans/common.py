@@ -1,13 +1,10 @@
 """Pieces shared by the Titans architectures (LMM, MAG, MAL, MAC).
 
-- `LMParams` / `HybridParams`: the ``[model]`` params every Titans architecture takes;
-- `FeedForward`, `BranchGate` (the paper's ``(x)`` gate: normalise both branches with learned
-  vector weights, then a sigmoid), `build_memory_layer` (a `MemoryLayer` from the spec, with the
-  errors a spec can cause turned into `SpecError`s at ``memory``);
-- `run_memory`: a memory layer over new tokens, continuing from its carried state (exact for every
-  strategy and any split);
-- `TitansLM`: embedding -> blocks -> final norm -> head, with ``step(ids, state)`` carrying one
-  state per block (the `MemoryLM` base class gives ``generate``).
+- `HybridParams`: the ``[model]`` params of MAG and MAL (`LMParams` plus attention);
+- `BranchGate`: the paper's ``(x)`` gate (normalise both branches with learned vector weights,
+  then a sigmoid);
+- re-exported from `atlas_core.lm` (the core's generic language model, ``core:lm``): `LMParams`,
+  `FeedForward`, `build_memory_layer`, `run_memory`, `spec_of` and `TitansLM` (= `LanguageModel`).
 
 Shapes: ``ids: [B, T]``, hidden ``x: [B, T, d_model]``, ``logits: [B, T, vocab_size]``.
 """
@@ -20,39 +17,12 @@ import torch
 from pydantic import Field, field_validator, ValidationInfo
 from torch import nn
 
-from atlas_core.errors import Issue, SpecError
 from atlas_core.host.registry import Params
-from atlas_core.model import MemoryLM
+from atlas_core.lm import (  # noqa: F401 - the generic pieces, shared with core:lm
+    FeedForward, LanguageModel, LMParams, build_memory_layer, run_memory, spec_of,
+)
 
-
-class LMParams(Params):
-    vocab_size: int = Field(..., ge=2, description="number of token ids")
-    d_model: int = Field(..., ge=1, description="embedding size")
-    depth: int = Field(2, ge=1, description="number of blocks")
-    heads: int = Field(4, ge=1, description="memory heads (d_key defaults to d_model / heads)")
-    mlp_ratio: float = Field(4.0, gt=0, description="MLP hidden size = mlp_ratio * d_model")
-    memory_layers: list[int] | None = Field(
-        None, description="block numbers (1-based) that carry memory; absent = every block"
-    )
-    tie_embeddings: bool = Field(True, description="share the embedding matrix with the head")
-    norm_eps: float = Field(1e-6, gt=0, description="RMSNorm epsilon")
-
-    @field_validator("memory_layers")
-    @classmethod
-    def _check_layers(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
-        depth = info.data.get("depth")
-        if v is None or depth is None:
-            return v
-        bad = [i for i in v if not 1 <= i <= depth]
-        if bad:
-            raise ValueError(f"block numbers {bad} are outside 1..depth={depth} (1-based)")
-        if len(set(v)) != len(v):
-            raise ValueError(f"block numbers {v} repeat")
-        return sorted(v)
-
-    def carries_memory(self, block: int) -> bool:
-        """Whether block ``block`` (0-based index) carries memory."""
-        return self.memory_layers is None or (block + 1) in self.memory_layers
+TitansLM = LanguageModel  # the Titans architectures are language models of the core's kind
 
 
 class _AttentionParams(LMParams):
@@ -97,19 +67,6 @@ class HybridParams(_AttentionParams):
         return _persistent_at_most(v, info, "window")
 
 
-class FeedForward(nn.Module):
-    """``x -> W_2 gelu(W_1 x)``: ``[B, T, d] -> [B, T, d]``."""
-
-    def __init__(self, d_model: int, ratio: float) -> None:
-        super().__init__()
-        hidden = max(1, int(round(ratio * d_model)))
-        self.up = nn.Linear(d_model, hidden)
-        self.down = nn.Linear(hidden, d_model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.gelu(self.up(x)))
-
-
 class BranchGate(nn.Module):
     """Titans' ``y (x) m`` (Sec 4.2): ``W_o (norm_y(y) * sigmoid(norm_m(m)))``, both norms with
     learned vector weights. ``y, m: [B, T, d]``."""
@@ -122,96 +79,3 @@ class BranchGate(nn.Module):
 
     def forward(self, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return self.proj(self.norm_y(y) * torch.sigmoid(self.norm_m(m)))
-
-
-def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str, read_only: bool = False,
-                       registry: Any = None):
-    """A `MemoryLayer` for one block, from the spec's ``[memory]`` and ``[layer]`` tables.
-
-    ``read_only``: the architecture also queries the memory without updating it (MAC's
-    retrieval), which needs a knob-composed rule (a structure to read and a feature map).
-    ``registry``: where the rule and its strategy are looked up (the build context's; the
-    process-wide registry when None). The layer resolves its strategy once when it is built and
-    keeps the bound runner, so running the model never looks it up again."""
-    from atlas_core.errors import StrategyError
-    from atlas_core.layer import MemoryLayer
-
-    try:
-        layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads, registry=registry)
-    except SpecError as exc:  # e.g. a structure refusing its sizes: point into [memory]
-        if all(i.path.startswith("memory") for i in exc.issues):
-            raise
-        raise SpecError([i if i.path.startswith("memory") else
-                         Issue(f"memory.{i.path}" if i.path else "memory", i.message, i.value, i.hint)
-                         for i in exc.issues]) from None
-    except StrategyError as exc:
-        raise SpecError([Issue("memory.parallel", str(exc))]) from None
-    except ValueError as exc:
-        raise SpecError([Issue("memory", f"{arch} cannot host this memory: {exc}")]) from None
-    rule = layer.rule
-    name = getattr(rule, "spec", {}).get("use") or "this rule"
-    if not hasattr(rule, "gate_names"):
-        raise SpecError([Issue(
-            "memory", f"{arch} cannot host {name}: a memory layer feeds rules q, k, v and gates, "
-            "and this rule takes another input (it brings its own layer)", name,
-            "use a knob-composed rule or preset (e.g. titans:titans)")])
-    if read_only and not (hasattr(rule, "structure") and hasattr(rule, "feature_map")):
-        raise SpecError([Issue(
-            "memory", f"{arch} retrieves from the committed memory with a read-only query, which "
-            f"needs a knob-composed rule (structure + feature map); {name} is standalone", name)])
-    return layer
-
-
-def run_memory(layer, x: torch.Tensor, st: dict | None, *, keep_state: bool):
-    """The memory layer over new tokens ``x: [B, n, d]``, continuing from the layer state ``st``.
-
-    Every strategy equals the sequential rule for any split of a sequence into calls (the state
-    carries the anchor block's position and memory), so decoding simply continues from the state;
-    a one-token step runs the rule's sequential step. Returns ``(y [B, n, d], state or None)``."""
-    y, new = layer(x, st)
-    return y, (new if keep_state else None)
-
-
-class TitansLM(MemoryLM):
-    """Embedding, blocks (each ``forward(x, state, keep_state) -> (x, state)``), final norm, head.
-
-    ``step(ids, state)`` continues from the carried state ``{"blocks": [...]}`` (None at the start)."""
-
-    def __init__(self, params: LMParams, blocks: list[nn.Module]) -> None:
-        super().__init__()
-        self.params = params
-        self.vocab_size = params.vocab_size
-        self.embed = nn.Embedding(params.vocab_size, params.d_model)
-        nn.init.normal_(self.embed.weight, std=0.02)
-        self.blocks = nn.ModuleList(blocks)
-        self.norm = nn.RMSNorm(params.d_model, eps=params.norm_eps)
-        self.head = nn.Linear(params.d_model, params.vocab_size, bias=False)
-        if params.tie_embeddings:
-            self.head.weight = self.embed.weight
-
-    def _run(self, ids: torch.Tensor, state: Any, keep_state: bool):
-        self.check_ids(ids)
-        if state is not None and (not isinstance(state, dict) or len(state.get("blocks", ())) != len(self.blocks)):
-            raise ValueError("state must be the state returned by an earlier step() of this model")
-        states = state["blocks"] if state is not None else [None] * len(self.blocks)
-        x = self.embed(ids)
-        new = []
-        for block, st in zip(self.blocks, states):
-            x, st = block(x, st, keep_state)
-            new.append(st)
-        logits = self.head(self.norm(x))
-        return logits, ({"blocks": new} if keep_state else None)
-
-    def step(self, ids: torch.Tensor, state: Any = None):
-        return self._run(ids, state, keep_state=True)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._run(ids, None, keep_state=False)[0]
-
-
-def spec_of(ctx) -> Any:
-    spec = ctx.options.get("spec") if ctx is not None else None
-    if spec is None:
-        raise SpecError([Issue("model", "an architecture is built from a whole spec; use "
-                               "atlas_core.build_model(spec)")])
-    return spec
