@@ -88,7 +88,8 @@ class MRULayer(nn.Module):
         if init_scale < 0:
             raise ValueError(f"init_scale={init_scale} must be >= 0 (0 starts at X_t = I)")
         self.rule = rule if rule is not None else MRURule()
-        self.strategy = strategy if strategy is not None else self.rule.default_strategy
+        # resolved and checked once, here: a forward makes no registry lookup
+        self.strategy = self.rule.runner(strategy)
         d = self.d_o
         # W_in[h]: [d_c, d_o] (d_c = d_o); zero gives X_t = exp(0) = I at initialisation
         self.w_in = nn.Parameter(init_scale * torch.randn(heads, d, d) / math.sqrt(d))
