@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["delta", "delta_exact", "hebbian", "titans", "titans_tuned", "titans_half"]
+ORDER = ["delta", "delta_exact", "hebbian", "titans", "titans_tuned", "titans_tuned_exact", "titans_half",
+         "titans_half_exact"]
 
 
 def main(argv: list[str] | None = None) -> int:
