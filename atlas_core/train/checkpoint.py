@@ -13,16 +13,40 @@ A run directory holds ``checkpoints/step-<step:09d>/``, each with:
 ``manifest.json``           format, step, spec hash, and the size and SHA-256 of every file above
 ==========================  =====================================================================
 
-Atomicity: every file is written to a temporary name and ``os.replace``-d; the files are written
-into a hidden ``.step-<step>.partial-<pid>`` directory, the manifest last, and only then is that
-directory renamed to ``step-<step>``. A save interrupted at any point leaves no ``step-*``
-directory behind, so the last complete checkpoint stays the latest one. Older checkpoints are
-pruned (``keep``) only after the new one is in place.
+Saving (`save_checkpoint`) keeps at least one complete checkpoint findable at every instant, so
+a save killed at any point (SIGKILL, power loss) never loses the last checkpoint:
+
+1. the files are written into a hidden ``.step-<step>.partial-<pid>`` directory, each file
+   fsync-ed, the manifest last, then the directory itself is fsync-ed;
+2. that directory is renamed to ``step-<step>`` (one atomic rename) and ``checkpoints/`` is
+   fsync-ed. When ``step-<step>`` already exists (a periodic save of the last step followed by
+   the final save, or Ctrl-C right after a periodic save) the old copy is first renamed to
+   ``.step-<step>.old-<pid>``: between these two renames both copies are complete under their
+   temporary names, and reading accepts them (below);
+3. only then are older checkpoints pruned to ``keep`` (each renamed to ``.step-<step>.trash-<pid>``
+   before it is deleted, so a half-deleted directory never carries a checkpoint's name) and the
+   temporary directories removed.
+
+Recovery (`recover_checkpoints`, run by every save and by the trainer before it writes into a
+run directory): a temporary directory (``.partial-*`` or ``.old-*``) whose step has no
+``step-<step>`` directory and whose files all match its manifest is a complete checkpoint left
+by a killed save; it is renamed to ``step-<step>`` (a ``.partial`` copy, the newer one, before an
+``.old`` one). Every other temporary directory (incomplete, redundant or ``.trash``) is deleted.
+
+Test hook: ``ATLAS_CHECKPOINT_KILL_AT=<point>[:<n>]`` SIGKILLs the process at ``<point>`` of its
+``n``-th save (default the first); the points, in order, are ``begin`` (the ``.partial``
+directory exists, empty), ``files`` (the first file written), ``manifest`` (every file but the
+manifest written), ``rename`` (complete, not yet renamed), ``swap`` (a re-save of a step: the old
+copy moved aside, the new one not yet in place) and ``prune`` (the new checkpoint in place,
+nothing pruned yet). Unset, it costs one environment lookup per save.
 
 Reading (`load_checkpoint`) accepts a checkpoint directory, a run directory or its
-``checkpoints/`` directory (the latest complete checkpoint), or a file inside a checkpoint. Every
-file is checked against the manifest (size, then SHA-256) before it is parsed, so a truncated or
-corrupt file is one clear `CheckpointError`, never a half-loaded model.
+``checkpoints/`` directory (the latest complete checkpoint: the highest step among the
+``step-*`` directories and the complete temporary copies of steps that have none), or a file
+inside a checkpoint. A ``step-<step>`` path that a killed re-save left missing resolves to its
+complete temporary copy. Reading never renames or deletes anything. Every file is checked
+against the manifest (size, then SHA-256) before it is parsed, so a truncated or corrupt file is
+one clear `CheckpointError`, never a half-loaded model.
 """
 
 from __future__ import annotations
@@ -32,6 +56,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +71,16 @@ from ..errors import AtlasError
 FORMAT = "atlas-checkpoint/1"
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# Temporary directories of a save: .partial (being written), .old (a re-saved step's previous
+# copy, moved aside), .trash (a pruned checkpoint being deleted).
+_TEMP_DIR = re.compile(r"^\.step-(\d+)\.(partial|old|trash)-\d+$")
+_MANIFEST_LIMIT = 16 << 20  # a manifest is a few hundred bytes; a larger one is not ours
+_NEEDED = ("model.safetensors", "optimizer.safetensors", "state.safetensors", "meta.json",
+           "spec.toml")
+
+KILL_ENV = "ATLAS_CHECKPOINT_KILL_AT"
+KILL_POINTS = ("begin", "files", "manifest", "rename", "swap", "prune")
+_saves = 0  # save_checkpoint calls in this process, for the kill hook's ":<n>"
 
 
 class CheckpointError(AtlasError, ValueError):
@@ -69,6 +105,20 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (created, renamed files) durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # a platform that cannot open a directory (Windows): nothing to sync
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a filesystem that refuses fsync on a directory
+        pass
+    finally:
+        os.close(fd)
+
+
 def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     from safetensors.torch import save
 
@@ -77,6 +127,20 @@ def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:09d}"
+
+
+def _kill_target() -> tuple[str, int] | None:
+    """The ``(point, n)`` of ``ATLAS_CHECKPOINT_KILL_AT``, or None when unset."""
+    value = os.environ.get(KILL_ENV)
+    if not value:
+        return None
+    point, _, nth = value.partition(":")
+    if point not in KILL_POINTS or not (nth == "" or (nth.isdigit() and int(nth) >= 1)):
+        raise CheckpointError(
+            f"{KILL_ENV}={value!r}: expected <point> or <point>:<n> (n >= 1) with a point among "
+            f"{', '.join(KILL_POINTS)}; unset it outside tests"
+        )
+    return point, int(nth or 1)
 
 
 def save_checkpoint(
@@ -90,14 +154,27 @@ def save_checkpoint(
     meta: dict[str, Any],
     keep: int = 2,
 ) -> Path:
-    """Write a complete checkpoint of ``step`` under ``run_dir/checkpoints``; returns its path."""
+    """Write a complete checkpoint of ``step`` under ``run_dir/checkpoints``; returns its path.
+
+    The protocol (temporary directory, fsync, rename, prune) is in the module docstring."""
+    global _saves
+    _saves += 1
+    kill = _kill_target()
+
+    def reached(point: str) -> None:
+        if kill is not None and kill == (point, _saves):
+            os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
+            os._exit(137)  # never go past the point, even where the signal is not immediate
+
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    recover_checkpoints(root)  # a save killed earlier: adopt its complete copy, drop the rest
     final = root / step_dir_name(step)
     partial = root / f".{final.name}.partial-{os.getpid()}"
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir()
+    reached("begin")
     opt_tensors, opt_rest = optimizer_state
     blobs: dict[str, bytes] = {
         "model.safetensors": _tensor_bytes(model.state_dict()),
@@ -110,6 +187,8 @@ def save_checkpoint(
     for name, data in blobs.items():
         _write_atomic(partial / name, data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        reached("files")
+    reached("manifest")
     manifest = {
         "format": FORMAT,
         "step": step,
@@ -120,29 +199,44 @@ def save_checkpoint(
         "torch": torch.__version__,
         "files": files,
     }
+    # Every file is fsync-ed before the manifest is written, so a manifest on disk always
+    # describes files that are on disk; the manifest makes the directory complete.
     _write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
+    _fsync_dir(partial)
+    reached("rename")
     if final.exists():
-        # Same step saved before (e.g. Ctrl-C right after a periodic save): swap it out only
-        # after the new copy is complete, so there is always one complete checkpoint.
-        old = root / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(partial, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(partial, final)
-    _prune(root, keep)
+        # The same step saved before (the final save after a periodic one, Ctrl-C right after
+        # a periodic save). A directory cannot be renamed over a non-empty one, so the old copy
+        # moves aside first; until the second rename both complete copies are findable under
+        # their temporary names (find_checkpoint) and recoverable (recover_checkpoints).
+        os.replace(final, root / f".{final.name}.old-{os.getpid()}")
+        reached("swap")
+    os.replace(partial, final)
+    _fsync_dir(root)  # the new name is durable before anything older is deleted
+    reached("prune")
+    _prune(root, keep, step)
     return final
 
 
-def _prune(root: Path, keep: int) -> None:
-    complete = sorted(_complete_steps(root))
+def _prune(root: Path, keep: int, saved: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints (always ``saved``, the one just written),
+    then delete every temporary directory."""
+    # ``saved`` sorts last, so a resumed run that saves below a step from an earlier attempt
+    # never prunes its own new checkpoint.
+    complete = sorted(_complete_steps(root), key=lambda s: (s == saved, s))
     for step in complete[:-keep] if keep > 0 else []:
-        shutil.rmtree(root / step_dir_name(step), ignore_errors=True)
-    for stale in root.glob(".step-*.partial-*"):  # left by a save that was killed
-        shutil.rmtree(stale, ignore_errors=True)
+        doomed = root / step_dir_name(step)
+        trash = root / f".{doomed.name}.trash-{os.getpid()}"
+        try:
+            os.replace(doomed, trash)  # a half-deleted directory must not keep the step's name
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+    recover_checkpoints(root)
 
 
 def _complete_steps(root: Path) -> list[int]:
+    """The steps of ``root``'s ``step-*`` directories that hold a manifest."""
     steps = []
     if root.is_dir():
         for child in root.iterdir():
@@ -152,11 +246,104 @@ def _complete_steps(root: Path) -> list[int]:
     return steps
 
 
+def _regular_size(path: Path) -> int | None:
+    """The size of ``path`` if it is a regular file (not a link, FIFO or device), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _is_complete(path: Path, step: int) -> bool:
+    """Whether the temporary directory ``path`` holds a complete checkpoint of ``step``: a
+    manifest of this format and step whose every file is present with its size and SHA-256.
+
+    Run directories can come from elsewhere, so nothing unbounded is read: the manifest and
+    every file must be regular files, and a file is hashed only when its size matches."""
+    size = _regular_size(path / MANIFEST)
+    if size is None or size > _MANIFEST_LIMIT:
+        return False
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+        files = manifest["files"]
+        if manifest.get("format") != FORMAT or int(manifest.get("step", -1)) != step:
+            return False
+        for name in _NEEDED:
+            if _regular_size(path / name) != files[name]["bytes"]:
+                return False
+            _read_verified(path, name, files[name])
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+        return False
+    return True
+
+
+def _recoverable(root: Path, above: int = -1) -> dict[int, Path]:
+    """Per step above ``above`` that has no ``step-*`` directory: its best complete temporary
+    copy (a ``.partial`` copy, written later, before an ``.old`` one). Reads, never writes."""
+    if not root.is_dir():
+        return {}
+    temps: dict[int, list[tuple[int, str, Path]]] = {}
+    for child in root.iterdir():
+        m = _TEMP_DIR.match(child.name)
+        if not m or m.group(2) == "trash" or int(m.group(1)) <= above:
+            continue
+        step = int(m.group(1))
+        # any entry under the step's name wins: a copy is never renamed over it
+        if not os.path.lexists(root / step_dir_name(step)):
+            rank = 0 if m.group(2) == "partial" else 1
+            temps.setdefault(step, []).append((rank, child.name, child))
+    found = {}
+    for step, copies in temps.items():
+        for _, _, path in sorted(copies):
+            if path.is_dir() and _is_complete(path, step):
+                found[step] = path
+                break
+    return found
+
+
+def recover_checkpoints(root: str | Path) -> list[Path]:
+    """Tidy the ``checkpoints/`` directory ``root`` after a killed save: rename each complete
+    temporary copy of a step that has no ``step-*`` directory to that name, then delete every
+    other temporary directory. Returns the adopted checkpoint directories."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    adopted = []
+    for step, src in sorted(_recoverable(root).items()):
+        dst = root / step_dir_name(step)
+        os.replace(src, dst)
+        adopted.append(dst)
+    if adopted:
+        _fsync_dir(root)  # adopted names durable before the other copies are deleted
+    for child in root.iterdir():
+        if _TEMP_DIR.match(child.name):
+            shutil.rmtree(child, ignore_errors=True)
+    return adopted
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint in the ``checkpoints/`` directory ``root``: the highest
+    step of a ``step-*`` directory or of a complete temporary copy; None when there is none."""
+    root = Path(root)
+    proper = _complete_steps(root)
+    best = max(proper, default=-1)
+    found = _recoverable(root, above=best)
+    if found:
+        return found[max(found)]
+    return root / step_dir_name(best) if proper else None
+
+
 # -- reading ------------------------------------------------------------------------------------
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint directory meant by ``path`` (see the module docstring)."""
     p = Path(path).expanduser()
     if not p.exists():
+        m = _STEP_DIR.match(p.name)
+        if m:  # step-N of a re-save killed between its two renames: a complete copy remains
+            copy = _recoverable(p.parent).get(int(m.group(1)))
+            if copy is not None:
+                return copy
         raise CheckpointError(f"no checkpoint at {str(p)!r}: the path does not exist")
     if p.is_file():
         if p.parent.joinpath(MANIFEST).exists():
@@ -168,9 +355,9 @@ def find_checkpoint(path: str | Path) -> Path:
     if (p / MANIFEST).exists():
         return p
     for root in (p / "checkpoints", p):
-        steps = _complete_steps(root)
-        if steps:
-            return root / step_dir_name(max(steps))
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            return latest
     raise CheckpointError(
         f"{str(p)!r} holds no complete checkpoint (no {MANIFEST}, and no checkpoints/step-*/ "
         "with one); give a checkpoint directory written by `atlas train`"
@@ -265,7 +452,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"{ckpt / MANIFEST}: not an {FORMAT} manifest (format {got!r})")
     files = manifest.get("files") or {}
-    needed = ("model.safetensors", "optimizer.safetensors", "state.safetensors", "meta.json", "spec.toml")
+    needed = _NEEDED
     absent = [n for n in needed if n not in files]
     if absent:
         raise CheckpointError(f"{ckpt / MANIFEST}: does not list {', '.join(absent)}")

@@ -18,10 +18,18 @@ line and exits 130. A second Ctrl-C stops at once without saving (the last check
 
 Resume restores the weights, the optimiser state, the data generator and torch's global RNG, the
 step and the token count, so N steps + resume + M steps equals N + M steps.
+
+A killed run (SIGKILL, power loss, even in the middle of a save) is continued with ``--resume``:
+before writing, the trainer adopts a complete checkpoint that a killed save left under a
+temporary name and deletes the rest (`checkpoint.recover_checkpoints`). A run stopped before its
+first checkpoint has nothing to resume: `train` starts it again from step 0 in the same directory
+(``--resume DIR``, with the run's saved ``spec.toml`` unless a SPEC is given, or a fresh run with
+``--out DIR``) and says so in one line on stderr.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import sys
@@ -34,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import AtlasError
-from .checkpoint import save_checkpoint
+from .checkpoint import latest_checkpoint, recover_checkpoints, save_checkpoint
 from .distributed import (
     SINGLE, DistInfo, all_reduce_grads, all_reduce_sum, any_rank, broadcast_model, shard,
 )
@@ -44,7 +52,7 @@ from .optim import (
     build_optimizer, load_optimizer_tensors, lr_at, named_unique_parameters, optimizer_tensors,
     set_lr,
 )
-from .setup import Plan
+from .setup import Plan, TrainOptions
 from .tasks import IGNORE_INDEX
 
 
@@ -197,6 +205,13 @@ class Trainer:
         p, plan = self.p, self.plan
         if self.dist.is_main:
             plan.run_dir.mkdir(parents=True, exist_ok=True)
+            for path in recover_checkpoints(plan.run_dir / "checkpoints"):
+                print(f"recovered {path}: a complete checkpoint that an interrupted save had left "
+                      "under a temporary name", file=sys.stderr)
+            if plan.resume is None:
+                # A fresh run gets a directory with a metrics log only when that log belongs to
+                # a run stopped before its first checkpoint (see `train`): start the log over.
+                (plan.run_dir / METRICS_FILE).unlink(missing_ok=True)
             (plan.run_dir / "spec.toml").write_text(plan.spec.to_toml())
             self.log.truncate_after(self.step)
             self.log.write({"kind": "run", "event": "resume" if plan.resume else "start",
@@ -329,6 +344,46 @@ def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
     return Trainer(plan, dist, progress=opts.progress).run()
 
 
+def _unsaved_run(d: Path) -> bool:
+    """Whether ``d`` holds a run stopped before its first checkpoint: a metrics log without the
+    end marker, and no complete checkpoint (counting those a killed save left under temporary
+    names, which a resume adopts)."""
+    log = d / METRICS_FILE
+    if not log.is_file() or latest_checkpoint(d / "checkpoints") is not None:
+        return False
+    return not any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
+
+
+def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
+    """The options that start again a run stopped before its first checkpoint, and the line
+    that says so; ``(opts, None)`` when ``--resume`` / ``--out`` name no such run.
+
+    ``--resume DIR`` restarts it from step 0 in DIR with the run's ``spec.toml`` (or SPEC):
+    with nothing saved, step 0 is where the run is, and the same spec and seed redo it exactly.
+    ``--out DIR`` for a fresh run may reuse DIR (only a complete checkpoint or a finished run
+    makes a directory hold a run). Everything else is left to `make_plan`'s checks."""
+    if opts.run_dir_checked:
+        return opts, None
+    note = None
+    if opts.resume:
+        d = Path(opts.resume).expanduser()
+        if d.name == "checkpoints" and not (d / METRICS_FILE).exists():
+            d = d.parent
+        if not (_unsaved_run(d) and (d / "spec.toml").is_file()):
+            return opts, None
+        note = (f"{d} holds no checkpoint (the run stopped before its first one): starting it "
+                "again from step 0")
+        spec = opts.spec if opts.spec is not None else str(d / "spec.toml")
+        opts = dataclasses.replace(opts, resume=None, spec=spec)
+        if opts.out is None or Path(opts.out).expanduser().resolve() == d.resolve():
+            return dataclasses.replace(opts, out=str(d), run_dir_checked=True), note
+    if opts.out and _unsaved_run(Path(opts.out).expanduser()):
+        note = note or (f"--out {opts.out} held a run stopped before its first checkpoint: "
+                        "starting the new run there")
+        return dataclasses.replace(opts, run_dir_checked=True), note
+    return opts, note
+
+
 def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
     """Train as ``atlas train`` does: check everything, then run in 1 or ``nproc`` processes.
 
@@ -337,11 +392,14 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
     from .setup import make_plan, worker_options
 
     env = distributed.from_env()
+    opts, note = restart_unsaved(opts)
     if env is not None:
         # Every rank checks the inputs before the rendezvous (init returns only when all ranks
         # have joined, so no rank can see a directory that rank 0 already started writing);
         # then all ranks take rank 0's choice of run directory.
         plan = make_plan(opts, world=env.world)
+        if note and env.is_main:
+            print(note, file=sys.stderr)
         distributed.init(env, plan.device)
         chosen = [str(plan.run_dir)]
         torch.distributed.broadcast_object_list(chosen, src=0)
@@ -353,6 +411,8 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
     if nproc < 1:
         raise ValueError(f"--nproc {nproc} must be >= 1")
     plan = make_plan(opts, world=nproc)  # every input error surfaces here, in this process
+    if note:
+        print(note, file=sys.stderr)
     if nproc == 1:
         return Trainer(plan, SINGLE, on_step, progress=opts.progress).run()
     if plan.device.startswith("cuda") and torch.cuda.device_count() < nproc:

@@ -161,3 +161,75 @@ def test_an_edited_spec_file_is_detected(run):
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="resolves to spec_hash"):
         load_checkpoint(path)
+
+
+# -- recovery after a killed save (the kills themselves: test_checkpoint_kill.py) -------------------
+def _names(root):
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_recovery_adopts_a_complete_copy_and_deletes_the_rest(run, tmp_path):
+    """Step 6 exists only as an ``.old`` copy (complete) and a newer ``.partial`` copy that
+    is not; beside them lie a complete ``.trash`` copy of step 3, an empty ``.partial`` of step
+    9 and one whose manifest is a link to a device. Reading picks the complete step-6 copy and
+    changes nothing; recovery renames it to step-000000006 and deletes everything else."""
+    import os
+    import shutil
+
+    root = run / "checkpoints"
+    before = _snapshot(root / "step-000000006")
+    old = (root / "step-000000006").rename(root / ".step-000000006.old-11")
+    partial = root / ".step-000000006.partial-12"
+    shutil.copytree(old, partial)
+    (partial / "optimizer.safetensors").write_bytes(b"cut")
+    (root / "step-000000003").rename(root / ".step-000000003.trash-13")
+    (root / ".step-000000009.partial-14").mkdir()
+    linked = root / ".step-000000008.partial-15"
+    shutil.copytree(old, linked)
+    (linked / "manifest.json").unlink()
+    os.symlink("/dev/zero", linked / "manifest.json")
+    names = _names(root)
+
+    assert load_checkpoint(run).path == old
+    assert load_checkpoint(root / "step-000000006").path == old  # the missing name resolves
+    assert _names(root) == names  # reading renamed and deleted nothing
+    assert ck.recover_checkpoints(root) == [root / "step-000000006"]
+    assert _names(root) == ["step-000000006"]
+    assert _snapshot(root / "step-000000006") == before
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        load_checkpoint(root / "step-000000003")  # a pruned checkpoint is never brought back
+
+
+def test_recovery_prefers_the_newer_partial_copy(run):
+    import os
+    import shutil
+
+    root = run / "checkpoints"
+    old = (root / "step-000000006").rename(root / ".step-000000006.old-11")
+    partial = root / ".step-000000006.partial-12"
+    shutil.copytree(old, partial)
+    inode = os.stat(partial).st_ino
+    assert load_checkpoint(run).path == partial
+    assert ck.recover_checkpoints(root) == [root / "step-000000006"]
+    assert os.stat(root / "step-000000006").st_ino == inode
+    assert _names(root) == ["step-000000003", "step-000000006"]
+
+
+def test_a_save_never_prunes_itself(run, tiny_spec):
+    """Resuming from step 3 of a run that reached step 6, with keep_checkpoints = 1: the new
+    step-4 checkpoint is the one kept, not the step-6 one of the abandoned attempt."""
+    tiny_spec["train"]["keep_checkpoints"] = 1
+    result = train(TrainOptions(spec=tiny_spec, resume=str(run / "checkpoints" / "step-000000003"),
+                                steps=4, progress=False))
+    assert result["checkpoint"] == str(run / "checkpoints" / "step-000000004")
+    assert _names(run / "checkpoints") == ["step-000000004"]
+
+
+def test_resume_of_a_directory_without_a_run_is_refused(tmp_path):
+    """Only a run directory (a metrics log and its spec.toml) stopped before its first
+    checkpoint is started again by --resume; anything else is the usual error."""
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "run", "event": "start", "step": 0}\n')
+    snapshot = _snapshot(tmp_path)
+    with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
+        train(TrainOptions(resume=str(tmp_path), progress=False))
+    assert _snapshot(tmp_path) == snapshot
