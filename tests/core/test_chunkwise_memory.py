@@ -26,7 +26,7 @@ class LargestTensor(TorchDispatchMode):
 def test_no_per_token_state_tensor_forward_and_backward():
     B, T, H, D, C = 1, 64, 2, 16, 8
     q, k, v, gates = make_inputs(B=B, T=T, H=H, Dk=D, Dv=D, requires_grad=True)
-    rule = ac.build_rule({"retention": "core:decay", "algorithm": "core:momentum"})
+    rule = ac.build_rule({"retention": "core:decay", "algorithm": "core:momentum", "anchor": C})
     with LargestTensor() as probe:
         y, s = rule(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": C})
         (y.sum() + s["M"].sum()).backward()

@@ -102,6 +102,36 @@ def test_state_carries_conv_and_rule_across_calls():
         torch.testing.assert_close(s2[key], s[key], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("memory,strategy", [
+    ({"use": "titans:titans", "anchor": 4}, {"use": "core:chunkwise", "chunk_size": 4}),
+    ({"use": "titans:titans", "anchor": 4}, {"use": "core:chunkwise", "chunk_size": 2}),
+    ({"use": "titans:titans", "anchor": 4}, "core:sequential"),
+], ids=["anchor4-chunk4", "anchor4-chunk2", "anchor4-sequential"])
+def test_any_split_of_calls_equals_one_call_with_an_anchored_rule(memory, strategy):
+    """The layer's state carries the rule's anchor entries: splits off the chunk grid and
+    token-by-token decoding equal one call, and all equal the sequential strategy."""
+    torch.manual_seed(0)
+    rule = ac.build_rule(memory)
+    layer = MemoryLayer(12, 3, rule, LayerParams(conv_size=3), strategy=strategy).to(DT)
+    assert layer.runner is rule.runner(strategy)  # resolved once, when the layer was built
+    x = torch.randn(2, 11, 12, dtype=DT)
+    with torch.no_grad():
+        y, s = layer(x)
+        assert set(s) == {"conv.q", "conv.k", "conv.v", "rule.M", "rule.Z.M", "rule.anchor.pos",
+                          "rule.anchor.M"}
+        for cuts in [(3,), (5, 6), tuple(range(1, 11))]:
+            bounds, ys, st = [0, *cuts, 11], [], None
+            for lo, hi in zip(bounds, bounds[1:]):
+                yi, st = layer(x[:, lo:hi], st)
+                ys.append(yi)
+            torch.testing.assert_close(torch.cat(ys, 1), y, rtol=0, atol=1e-12)
+            for key in s:
+                torch.testing.assert_close(st[key], s[key], rtol=0, atol=1e-12)
+        seq = MemoryLayer(12, 3, rule, LayerParams(conv_size=3), strategy="core:sequential").to(DT)
+        seq.load_state_dict(layer.state_dict())
+        torch.testing.assert_close(seq(x)[0], y, rtol=0, atol=1e-12)
+
+
 def test_causal():
     layer = make_layer(conv_size=4)
     x = torch.randn(1, 8, 12, dtype=DT)

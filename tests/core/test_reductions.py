@@ -9,14 +9,16 @@ from .conftest import make_inputs
 
 def test_momentum_with_eta_zero_equals_gd():
     q, k, v, gates = make_inputs()
-    mom = ac.build_rule({"algorithm": "core:momentum", "retention": "core:decay"})
-    gd = ac.build_rule({"algorithm": "core:gd", "retention": "core:decay"})
     g0 = {**gates, "eta": torch.zeros_like(gates["eta"])}
-    for strategy in ["core:sequential", {"use": "core:chunkwise", "chunk_size": 4}]:
+    for anchor, strategy in [(1, "core:sequential"), (4, "core:sequential"),
+                             (4, {"use": "core:chunkwise", "chunk_size": 4})]:
+        mom = ac.build_rule({"algorithm": "core:momentum", "retention": "core:decay", "anchor": anchor})
+        gd = ac.build_rule({"algorithm": "core:gd", "retention": "core:decay", "anchor": anchor})
         y1, s1 = mom(q, k, v, gates=g0, strategy=strategy)
         y2, s2 = gd(q, k, v, gates={"alpha": gates["alpha"], "theta": gates["theta"]}, strategy=strategy)
         torch.testing.assert_close(y1, y2, atol=1e-12, rtol=0)
-        torch.testing.assert_close(s1["M"], s2["M"], atol=1e-12, rtol=0)
+        for key in s2:  # M and, anchored, the block position and anchor memory
+            torch.testing.assert_close(s1[key], s2[key], atol=1e-12, rtol=0)
 
 
 def test_linear_l2_gd_is_deltanet():

@@ -85,7 +85,7 @@ def test_bad_strategy_params():
 def test_strategy_refusal_names_reason():
     from atlas_core.knobs.retention import Retention
 
-    rule = ac.build_rule({})
+    rule = ac.build_rule({"anchor": 4})
     rule.retention = type("Softish", (Retention,), {"linear": False})()
     q, k, v, g = make_inputs()
     with pytest.raises(StrategyError, match=r"core:chunkwise cannot run this rule: retention .* is nonlinear"):
@@ -93,3 +93,66 @@ def test_strategy_refusal_names_reason():
     # auto falls back to the reference
     y, _ = rule(q, k, v, gates={"theta": g["theta"]}, strategy="auto")
     assert y.shape == v.shape
+    assert rule.runner("auto").name == "core:sequential"
+
+
+def test_chunkwise_refusals_name_the_anchor():
+    """core:chunkwise runs only what equals core:sequential: a per-token rule whose gradients
+    depend on the memory is refused at C > 1 and by default, a chunk that does not divide the
+    anchor is refused; each reason names the anchor and what to write instead."""
+    q, k, v, g = make_inputs()
+    gates = {"theta": g["theta"]}
+    per_token = ac.build_rule({})
+    with pytest.raises(StrategyError, match=r"chunk_size=4 .*per-token.*anchor = 1.*write anchor = 4"):
+        per_token(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 4})
+    with pytest.raises(StrategyError, match=r"per-token \(anchor = 1\).*core:exact_chunk.*anchor = A"):
+        per_token(q, k, v, gates=gates, strategy="core:chunkwise")
+    anchored = ac.build_rule({"anchor": 6})
+    with pytest.raises(StrategyError, match=r"chunk_size=4 does not divide the rule's anchor=6.*e\.g\. 6"):
+        anchored(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 4})
+    # C = 1 always runs, and a divisor of the anchor runs
+    for C in (1, 2, 3, 6):
+        anchored(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": C})
+    per_token(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 1})
+    # exact_chunk is the per-token rule's chunked form, and refuses the anchored one
+    per_token(q, k, v, gates=gates, strategy={"use": "core:exact_chunk", "chunk_size": 4})
+    with pytest.raises(StrategyError, match=r"anchored \(anchor = 6"):
+        anchored(q, k, v, gates=gates, strategy="core:exact_chunk")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "4", None, (1 << 20) + 1, 10**12])
+def test_bad_anchor_is_one_spec_error_naming_anchor(bad):
+    with pytest.raises(SpecError) as info:
+        ac.build_rule({"bias": "core:l2", "anchor": bad})
+    issues = info.value.issues
+    assert len(issues) == 1 and issues[0].path == "anchor", str(info.value)
+    assert issues[0].value is bad or issues[0].value == bad
+    text = str(info.value)
+    assert text.startswith("anchor: must be") and (bad is None or f"(got {bad!r})" in text)
+    # inside a preset the same problem, with the same path
+    with pytest.raises(SpecError) as info:
+        ac.build_rule({"use": "titans:titans", "anchor": bad})
+    assert [i.path for i in info.value.issues] == ["anchor"]
+
+
+def test_bad_anchor_is_collected_with_other_problems():
+    with pytest.raises(SpecError) as info:
+        ac.build_rule({"bias": "core:l3", "anchor": 0})
+    assert sorted(i.path for i in info.value.issues) == ["anchor", "bias"]
+
+
+def test_anchor_bounds_are_accepted():
+    from atlas_core.rule import MAX_ANCHOR
+
+    assert ac.build_rule({}).anchor == 1
+    assert ac.build_rule({"anchor": 1}).anchor == 1
+    assert ac.build_rule({"anchor": MAX_ANCHOR}).anchor == MAX_ANCHOR
+
+
+def test_standalone_rule_refuses_an_anchor():
+    with pytest.raises(SpecError) as info:
+        ac.build_rule({"use": "mru:mru", "anchor": 4})
+    (issue,) = info.value.issues
+    assert issue.path == "anchor" and "standalone" in issue.message and issue.value == 4
+    rule = ac.build_rule({"use": "mru:mru", "anchor": 1})  # the per-token default is accepted
+    assert getattr(rule, "anchor", 1) == 1

@@ -43,12 +43,13 @@ def make_inputs(B=2, T=12, H=2, Dk=3, Dv=4, dtype=torch.float64, seed=0, gates=A
 
 def window_rule(window, gamma="gate", algorithm="core:gd", read="after", decay=None,
                 retention="core:decay", structure="core:linear", feature_map="core:identity",
-                inner="core:l2"):
+                inner="core:l2", anchor=1):
     bias = {"use": "omega:window", "window": window, "gamma": gamma, "inner": inner}
     if decay is not None:
         bias["decay"] = decay
     return ac.build_rule({"structure": structure, "bias": bias, "retention": retention,
-                          "algorithm": algorithm, "feature_map": feature_map, "read": read})
+                          "algorithm": algorithm, "feature_map": feature_map, "read": read,
+                          "anchor": anchor})
 
 
 def gates_for(rule, gates):
@@ -56,7 +57,14 @@ def gates_for(rule, gates):
     return {n: g for n, g in gates.items() if n in rule.gate_names}
 
 
-def anchored(rule, q, k, v, gates, state=None, every=1):
-    """The rule's anchored reference loop (`ComposedRule.reference(anchor_every=C)`), public layout."""
-    p = rule.prepare(q, k, v, gates=gates_for(rule, gates), state=state)
-    return rule.finish(p, rule.reference(p, anchor_every=every))
+def chunk(C):
+    return {"use": "core:chunkwise", "chunk_size": C}
+
+
+def assert_same(a, b, atol=1e-10):
+    """Two ``(y, state)`` results agree: outputs and every state entry (the same keys)."""
+    (ya, sa), (yb, sb) = a, b
+    torch.testing.assert_close(ya, yb, atol=atol, rtol=0)
+    assert set(sa) == set(sb)
+    for name in sa:
+        torch.testing.assert_close(sa[name], sb[name], atol=atol, rtol=0, msg=f"state[{name!r}]")

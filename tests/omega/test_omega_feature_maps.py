@@ -90,15 +90,17 @@ def test_taylor_dot_product_identity():
     ({"use": "omega:poly", "mode": "tensor", "dim": 7}, 7),
     ("omega:taylor", 13),
 ])
-@pytest.mark.parametrize("strategy", ["core:sequential", {"use": "core:chunkwise", "chunk_size": 4}],
-                         ids=["sequential", "chunkwise4"])
-def test_memory_shape_follows_dphi(feature_map, dphi, strategy):
+@pytest.mark.parametrize("strategy,anchor", [("core:sequential", 1), ({"use": "core:chunkwise", "chunk_size": 4}, 4)],
+                         ids=["sequential", "chunkwise4-anchor4"])
+def test_memory_shape_follows_dphi(feature_map, dphi, strategy, anchor):
     q, k, v, gates = make_inputs(T=6, Dk=3, Dv=4)
-    rule = window_rule(3, "gate", "core:momentum", feature_map=feature_map)
+    rule = window_rule(3, "gate", "core:momentum", feature_map=feature_map, anchor=anchor)
     y, s = rule(q, k, v, gates=gates_for(rule, gates), strategy=strategy)
     assert y.shape == v.shape
     assert s["M"].shape == (2, 2, 4, dphi) and s["Z.M"].shape == (2, 2, 4, dphi)
     assert s["window.k"].shape == (2, 2, 2, dphi)
+    if anchor > 1:  # the block's anchor memory has the memory's shape
+        assert s["anchor.M"].shape == (2, 2, 4, dphi) and s["anchor.pos"].shape == (2,)
 
 
 @pytest.mark.parametrize("feature_map,param", [
@@ -107,20 +109,20 @@ def test_memory_shape_follows_dphi(feature_map, dphi, strategy):
 ])
 def test_gradients_reach_learned_map_parameters(feature_map, param):
     q, k, v, gates = make_inputs(T=7, Dk=3, Dv=4)
-    rule = ac.build_rule({"use": "omega:omeganet", "feature_map": feature_map},
-                         heads=2, d_key=3, d_value=4)
-    params = dict(rule.named_parameters())
-    assert list(params) == [param]
-    for strategy in ("core:sequential", {"use": "core:chunkwise", "chunk_size": 4}):
-        rule.zero_grad()
+    for anchor, strategy in ((1, "core:sequential"), (4, "core:sequential"),
+                             (4, {"use": "core:chunkwise", "chunk_size": 4})):
+        rule = ac.build_rule({"use": "omega:omeganet", "feature_map": feature_map, "anchor": anchor},
+                             heads=2, d_key=3, d_value=4)
+        params = dict(rule.named_parameters())
+        assert list(params) == [param]
         y, _ = rule(q, k, v, gates=gates_for(rule, gates), strategy=strategy)
         y.pow(2).sum().backward()
         grad = params[param].grad
         assert grad is not None and torch.isfinite(grad).all() and grad.abs().max() > 0
 
 
-def _gradcheck_rule(feature_map, strategy):
-    rule = window_rule(3, "gate", "core:momentum", feature_map=feature_map)
+def _gradcheck_rule(feature_map, strategy, anchor):
+    rule = window_rule(3, "gate", "core:momentum", feature_map=feature_map, anchor=anchor)
     rule = rule.bind(heads=1, d_key=2, d_value=2).double()  # creates the map's parameters
     q, k, v, gates = make_inputs(B=1, T=5, H=1, Dk=2, Dv=2, seed=9, requires_grad=True)
     g = gates_for(rule, gates)
@@ -144,7 +146,7 @@ def _gradcheck_rule(feature_map, strategy):
     {"use": "omega:poly", "mode": "tensor", "dim": 3},
     "omega:taylor",
 ], ids=["poly-elementwise", "poly-tensor", "taylor"])
-@pytest.mark.parametrize("strategy", ["core:sequential", {"use": "core:chunkwise", "chunk_size": 2}],
-                         ids=["sequential", "chunkwise2"])
-def test_gradcheck_tiny(feature_map, strategy):
-    _gradcheck_rule(feature_map, strategy)
+@pytest.mark.parametrize("strategy,anchor", [("core:sequential", 1), ({"use": "core:chunkwise", "chunk_size": 2}, 2)],
+                         ids=["sequential", "chunkwise2-anchor2"])
+def test_gradcheck_tiny(feature_map, strategy, anchor):
+    _gradcheck_rule(feature_map, strategy, anchor)

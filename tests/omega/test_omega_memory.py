@@ -32,7 +32,7 @@ class LargestAllocation(TorchDispatchMode):
 def test_no_per_token_state_tensor(c, C):
     B, T, H, D = 1, 64, 2, 32  # D > C + c: a d x d per token stands out from d x window
     q, k, v, gates = make_inputs(B=B, T=T, H=H, Dk=D, Dv=D, requires_grad=True)
-    rule = window_rule(c, "gate", "core:momentum")
+    rule = window_rule(c, "gate", "core:momentum", anchor=C)
     with LargestAllocation() as probe:
         y, s = rule(q, k, v, gates=gates_for(rule, gates), strategy={"use": "core:chunkwise", "chunk_size": C})
         (y.sum() + s["M"].sum()).backward()

@@ -93,29 +93,50 @@ def test_window_with_poly_map_matches_eq9_loop():
     torch.testing.assert_close(state["M"], M_ref, atol=1e-10, rtol=0)
 
 
+CHUNK4 = {"use": "core:chunkwise", "chunk_size": 4}
+
+
 @pytest.mark.parametrize("inner", ["core:l2", "core:dot"])
 @pytest.mark.parametrize("mode", ["gate", "uniform", "decay"])
-@pytest.mark.parametrize("strategy", ["core:sequential", {"use": "core:chunkwise", "chunk_size": 4}],
-                         ids=["sequential", "chunkwise4"])
-def test_window_one_with_unit_gamma_is_the_plain_bias_exactly(inner, mode, strategy):
+@pytest.mark.parametrize("strategy,anchor", [("core:sequential", 1), ("core:sequential", 4), (CHUNK4, 4)],
+                         ids=["sequential", "sequential-anchor4", "chunkwise4-anchor4"])
+def test_window_one_with_unit_gamma_is_the_plain_bias_exactly(inner, mode, strategy, anchor):
     q, k, v, gates = make_inputs(T=10, seed=7)
     gates["gamma"] = torch.ones_like(gates["gamma"])
-    omega = window_rule(1, mode, "core:momentum", inner=inner, decay=0.5 if mode == "decay" else None)
-    plain = ac.build_rule({"bias": inner, "retention": "core:decay", "algorithm": "core:momentum"})
+    omega = window_rule(1, mode, "core:momentum", inner=inner, decay=0.5 if mode == "decay" else None,
+                        anchor=anchor)
+    plain = ac.build_rule({"bias": inner, "retention": "core:decay", "algorithm": "core:momentum",
+                           "anchor": anchor})
     y1, s1 = omega(q, k, v, gates=gates_for(omega, gates), strategy=strategy)
     y2, s2 = plain(q, k, v, gates=gates_for(plain, gates), strategy=strategy)
     assert torch.equal(y1, y2)
-    assert set(s1) == set(s2) == {"M", "Z.M"}  # c = 1 carries no window
+    anchored = {"anchor.pos", "anchor.M"} if anchor > 1 else set()
+    assert set(s1) == set(s2) == {"M", "Z.M"} | anchored  # c = 1 carries no window
     assert all(torch.equal(s1[n], s2[n]) for n in s1)
 
 
-@pytest.mark.parametrize("strategy", ["core:sequential", {"use": "core:chunkwise", "chunk_size": 4}],
-                         ids=["sequential", "chunkwise4"])
-def test_token_with_zero_gamma_contributes_nothing(strategy):
+def test_window_one_with_dot_inner_runs_any_chunk_at_anchor_one():
+    """A one-token window around the dot bias has prediction-free gradients on linear memory, as
+    the plain dot bias does: at anchor 1 chunkwise accepts C > 1 for both and equals sequential."""
+    q, k, v, gates = make_inputs(T=10, seed=7)
+    gates["gamma"] = torch.ones_like(gates["gamma"])
+    omega = window_rule(1, "gate", "core:momentum", inner="core:dot")
+    plain = ac.build_rule({"bias": "core:dot", "retention": "core:decay", "algorithm": "core:momentum"})
+    for rule in (omega, plain):
+        g = gates_for(rule, gates)
+        y, s = rule(q, k, v, gates=g, strategy=CHUNK4)
+        y_seq, s_seq = rule(q, k, v, gates=g, strategy="core:sequential")
+        torch.testing.assert_close(y, y_seq, atol=1e-12, rtol=0)
+        assert set(s) == set(s_seq) and all(torch.allclose(s[n], s_seq[n], atol=1e-12, rtol=0) for n in s)
+
+
+@pytest.mark.parametrize("strategy,anchor", [("core:sequential", 1), ("core:sequential", 4), (CHUNK4, 4)],
+                         ids=["sequential", "sequential-anchor4", "chunkwise4-anchor4"])
+def test_token_with_zero_gamma_contributes_nothing(strategy, anchor):
     q, k, v, gates = make_inputs(T=14, seed=11)
     j = 5
     gates["gamma"][:, j] = 0.0
-    rule = window_rule(4, "gate", "core:momentum")
+    rule = window_rule(4, "gate", "core:momentum", anchor=anchor)
     y, s = rule(q, k, v, gates=gates_for(rule, gates), strategy=strategy)
     k2, v2 = k.clone(), v.clone()
     k2[:, j] = torch.nn.functional.normalize(torch.randn_like(k2[:, j]), dim=-1)

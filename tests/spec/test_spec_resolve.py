@@ -37,12 +37,13 @@ def test_valid_spec_fills_every_default(reg):
                           "heads": 2, "tie": False, "dropout": 0.0}
     # [memory]: the preset is kept first, every knob written out as {use = ...}
     assert list(spec.memory) == ["use", "structure", "bias", "retention", "algorithm",
-                                 "feature_map", "read", "parallel"]
+                                 "feature_map", "read", "anchor", "parallel"]
     assert spec.memory["use"] == "toy:delta"
     assert spec.memory["structure"] == {"use": "core:linear"}  # core default
     assert spec.memory["algorithm"] == {"use": "core:gd"}  # from the preset
     assert spec.memory["retention"] == {"use": "core:decay"}  # the spec's override
     assert spec.memory["read"] == "after"
+    assert spec.memory["anchor"] == 4  # written; chunkwise's chunk_size 4 divides it
     assert spec.memory["parallel"] == {"use": "core:chunkwise", "chunk_size": 4, "backend": None}
     # [layer]: every LayerParams field present, the written one kept
     assert set(spec.layer) == set(LayerParams.model_fields)
@@ -51,11 +52,16 @@ def test_valid_spec_fills_every_default(reg):
 
 
 def test_short_names_become_full_names(reg):
-    spec = spec_with(reg, model={"arch": "lm"}, memory={"bias": "dot", "parallel": "sequential"})
-    assert spec.model["arch"] == "toy:lm"
+    spec = spec_with(reg, memory={"bias": "dot", "parallel": "sequential"})
     assert spec.memory["bias"] == {"use": "core:dot"}
     assert spec.memory["parallel"] == {"use": "core:sequential"}
+    assert spec.memory["anchor"] == 1  # the default is written out: the per-token rule
     assert "use" not in spec.memory  # no preset named, none invented
+    # a short name two namespaces provide (core:lm and toy:lm) is an error naming both
+    with pytest.raises(SpecError) as info:
+        spec_with(reg, model={"arch": "lm"})
+    (issue,) = info.value.issues
+    assert issue.path == "model.arch" and "'core:lm'" in str(info.value) and "'toy:lm'" in str(info.value)
 
 
 def test_parallel_defaults_to_auto_and_auto_is_resolved(reg):
@@ -63,10 +69,16 @@ def test_parallel_defaults_to_auto_and_auto_is_resolved(reg):
     seq = spec_with(reg, memory={"algorithm": "core:momentum", "parallel": "core:sequential"})
     assert seq.memory["parallel"] == {"use": "core:sequential"}
     auto = spec_with(reg, memory={"algorithm": "core:momentum", "parallel": "auto"})
-    # core:chunkwise (priority 10) runs linear memory with momentum: auto picks it, with defaults
-    assert auto.memory["parallel"]["use"] == "core:chunkwise"
-    assert auto.memory["parallel"]["chunk_size"] == 64
+    # the per-token rule (anchor 1): core:chunkwise (priority 10) refuses it, core:exact_chunk
+    # (priority 5) runs it exactly; auto picks it, with its defaults
+    assert auto.memory["parallel"] == {"use": "core:exact_chunk", "chunk_size": 64}
     assert spec.memory["parallel"] == auto.memory["parallel"]
+    # the anchored rule: core:chunkwise runs it, its chunk left to the anchor's largest divisor
+    anchored = spec_with(reg, memory={"algorithm": "core:momentum", "anchor": 16})
+    assert anchored.memory["parallel"] == {"use": "core:chunkwise", "chunk_size": None, "backend": None}
+    # a memory-free bias (core:dot) at anchor 1: core:chunkwise runs it at any chunk
+    dot = spec_with(reg, memory={"bias": "core:dot"})
+    assert dot.memory["anchor"] == 1 and dot.memory["parallel"]["use"] == "core:chunkwise"
 
 
 def test_a_strategy_that_refuses_the_rule_is_an_error_with_its_reason(reg):
@@ -75,6 +87,36 @@ def test_a_strategy_that_refuses_the_rule_is_an_error_with_its_reason(reg):
     issues = info.value.issues
     assert [i.path for i in issues] == ["memory.parallel"]
     assert "needs a rule with a toy capability" in issues[0].message
+
+
+def test_per_token_rule_refuses_chunks_above_one_with_the_anchor_as_reason(reg):
+    with pytest.raises(SpecError) as info:
+        spec_with(reg, memory={"use": "toy:delta", "parallel": {"use": "core:chunkwise", "chunk_size": 4}})
+    (issue,) = info.value.issues
+    assert issue.path == "memory.parallel"
+    assert "anchor = 1" in issue.message and "anchor = 4" in issue.message
+    with pytest.raises(SpecError) as info:
+        spec_with(reg, memory={"use": "toy:delta", "anchor": 6,
+                               "parallel": {"use": "core:chunkwise", "chunk_size": 4}})
+    assert [i.path for i in info.value.issues] == ["memory.parallel"]
+    assert "does not divide the rule's anchor=6" in info.value.issues[0].message
+    # chunk 1 is always the per-token rule itself
+    one = spec_with(reg, memory={"use": "toy:delta", "parallel": {"use": "core:chunkwise", "chunk_size": 1}})
+    assert one.memory["anchor"] == 1 and one.memory["parallel"]["chunk_size"] == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, "16", 10**12])
+def test_bad_anchor_is_one_error_at_memory_anchor(reg, bad):
+    with pytest.raises(SpecError) as info:
+        spec_with(reg, memory={"use": "toy:delta", "anchor": bad, "parallel": "core:sequential"})
+    assert [i.path for i in info.value.issues] == ["memory.anchor"], str(info.value)
+
+
+def test_standalone_rule_refuses_an_anchor(reg):
+    with pytest.raises(SpecError) as info:
+        spec_with(reg, memory={"use": "toy:solo", "anchor": 8})
+    (issue,) = info.value.issues
+    assert issue.path == "memory.anchor" and "standalone" in issue.message
 
 
 def test_standalone_rule_params_filled_and_chunkwise_refused(reg):

@@ -103,3 +103,39 @@ def test_titans_examples_mean_what_they_say():
     assert deep.memory["use"] == "titans:titans_deep"
     assert deep.memory["structure"]["use"] == "titans:mlp" and deep.memory["structure"]["depth"] == 2
     assert deep.spec_hash != lin.spec_hash
+
+
+@pytest.mark.parametrize("memory,anchor", [
+    ('use = "titans:titans_deep"\n', 16),                       # the preset's default
+    ('use = "titans:titans"\n', 1),                             # the core default, written out
+    ('use = "titans:titans"\nanchor = 32\n', 32),               # written by the user
+    ('bias = "core:dot"\nanchor = 8\n', 8),
+], ids=["titans_deep-default", "titans-default", "titans-written", "knobs-written"])
+def test_spec_show_prints_the_anchor(tmp_path, memory, anchor):
+    """The resolved spec (`atlas spec show`, saved beside checkpoints) states the rule's anchor,
+    as part of the function; it reads back to the same spec and builds a rule with that anchor."""
+    from typer.testing import CliRunner
+
+    from atlas_cli.main import make_app
+    from atlas_core.rule import build_rule
+
+    path = tmp_path / "anchored.toml"
+    path.write_text('[model]\narch = "core:lm"\nvocab_size = 32\nd_model = 16\n[memory]\n' + memory)
+    result = CliRunner().invoke(make_app(), ["spec", "show", str(path)])
+    assert result.exit_code == 0, result.output
+    shown = tomllib.loads(result.stdout)
+    assert shown["memory"]["anchor"] == anchor
+    assert f"\nanchor = {anchor}\n" in result.stdout
+    spec = load_spec(path)
+    assert load_spec(result.stdout) == spec and spec.memory["anchor"] == anchor
+    assert build_rule({k: v for k, v in spec.memory.items() if k != "parallel"}).anchor == anchor
+
+
+def test_anchor_changes_the_spec_hash():
+    reg = toy_registry()
+    a = load_spec(copy.deepcopy(VALID), registry=reg)
+    data = copy.deepcopy(VALID)
+    data["memory"]["anchor"] = 8  # another function (chunk 4 still divides it)
+    b = load_spec(data, registry=reg)
+    assert a.memory["anchor"] == 4 and b.memory["anchor"] == 8
+    assert a.spec_hash != b.spec_hash and "anchor = 8" in b.to_toml()

@@ -149,6 +149,7 @@ VALID = {
     "memory": {
         "use": "toy:delta",
         "retention": "core:decay",
+        "anchor": 4,  # chunkwise at chunk 4 computes exactly the rule anchored at 4
         "parallel": {"use": "core:chunkwise", "chunk_size": 4},
     },
     "layer": {"conv_size": 2},
