@@ -1,6 +1,9 @@
-"""``atlas_muon:atlas_parallel`` (and ``core:chunkwise`` on Muon rules) against the references:
-chunk size 1 equals ``core:sequential``; chunk size C equals the anchored loop; state carry;
-gradients (with and without per-chunk recomputation); saved memory; dispatch."""
+"""``atlas_muon:atlas_parallel`` (and ``core:chunkwise`` on Muon rules) against the references: a
+strategy never changes the function, so every accepted chunk size (C = 1 on any rule, C dividing
+the rule's anchor) equals ``core:sequential`` on the same rule (outputs, final state with the
+anchor entries, gradients) and the hand-written anchored loop; any split into calls (one token at
+a time included) equals one call; per-token rules are refused at C > 1 with a reason naming the
+anchor; gradients with and without per-chunk recomputation; saved memory; dispatch."""
 
 from __future__ import annotations
 
@@ -29,76 +32,163 @@ def assert_same(a, b, atol=1e-10):
         torch.testing.assert_close(sa[key], sb[key], rtol=0, atol=atol)
 
 
+# name -> builder(anchor)
 RULES = {
-    "lin-c1-after": lambda: linear_rule(1, "after"),
-    "lin-c8-before": lambda: linear_rule(8, "before"),
-    "deep-c1-after": lambda: deep_rule(1, "after"),
-    "deep-c8-before": lambda: deep_rule(8, "before"),
+    "lin-c1-after": lambda anchor=1: linear_rule(1, "after", anchor=anchor),
+    "lin-c8-before": lambda anchor=1: linear_rule(8, "before", anchor=anchor),
+    "deep-c1-after": lambda anchor=1: deep_rule(1, "after", anchor=anchor),
+    "deep-c8-before": lambda anchor=1: deep_rule(8, "before", anchor=anchor),
 }
+
+
+def per_token_twin(rule):
+    """The same rule with anchor = 1 and the same learned parameters (another function)."""
+    name = next(n for n, f in RULES.items() if _same_kind(f(), rule))
+    twin = RULES[name]()
+    twin.load_state_dict(rule.state_dict())
+    return twin
+
+
+def _same_kind(a, b):
+    return a.spec == {**b.spec, "anchor": 1}
 
 
 def inputs_for(rule, T=11, **kw):
     return make_inputs(T=T, gamma="gamma" in rule.gate_names, **kw)
 
 
+@pytest.mark.parametrize("anchor", [1, 4], ids=lambda a: f"anchor{a}")
 @pytest.mark.parametrize("name", list(RULES))
-def test_chunk1_equals_sequential(name):
-    rule = RULES[name]()
+def test_chunk1_equals_sequential(name, anchor):
+    rule = RULES[name](anchor)
     q, k, v, gates = inputs_for(rule)
     with torch.no_grad():
         assert_same(rule(q, k, v, gates=gates, strategy=ap(1)),
                     rule(q, k, v, gates=gates, strategy="core:sequential"))
 
 
-@pytest.mark.parametrize("C", [3, 16])
+@pytest.mark.parametrize("C, anchor", [(3, 3), (3, 6), (16, 16)], ids=["C3-A3", "C3-A6", "C16-A16"])
 @pytest.mark.parametrize("name", list(RULES))
-def test_chunk_equals_anchored_reference(name, C):
-    """T = 11 is not a multiple of 3; 16 > T; the window of 8 spans several chunks."""
-    rule = RULES[name]()
+def test_chunk_equals_sequential_on_the_anchored_rule(name, C, anchor):
+    """T = 11 is not a multiple of 3; 16 > T; the window of 8 spans several chunks; anchor 6 holds
+    two chunks of 3. Outputs, the final state (anchor entries included) and gradients equal
+    core:sequential on the same rule; the per-token rule is another function."""
+    rule = RULES[name](anchor)
     q, k, v, gates = inputs_for(rule)
     with torch.no_grad():
         got = rule(q, k, v, gates=gates, strategy=ap(C))
-        inputs = rule.prepare(q, k, v, gates=gates)
-        ref = rule.finish(inputs, rule.reference(inputs, anchor_every=C))
         seq = rule(q, k, v, gates=gates, strategy="core:sequential")
-    assert_same(got, ref)
-    assert (got[0] - seq[0]).abs().max() > 1e-6  # anchoring really changes the result
+        per_token = per_token_twin(rule)(q, k, v, gates=gates, strategy="core:sequential")
+    assert {"anchor.pos", *(f"anchor.{w}" for w in rule.structure.weight_shapes())} <= set(got[1])
+    assert got[1]["anchor.pos"].tolist() == [float(11 % anchor)] * 2
+    assert_same(got, seq)
+    assert (got[0] - per_token[0]).abs().max() > 1e-6  # anchoring really changes the result
+    g_got, g_seq = _grads(rule, ap(C)), _grads(rule, "core:sequential")
+    assert set(g_got) == set(g_seq)
+    for n in g_seq:
+        assert torch.isfinite(g_got[n]).all() and g_got[n].abs().max() > 0, n
+        torch.testing.assert_close(g_got[n], g_seq[n], rtol=1e-9, atol=1e-10, msg=n)
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_per_token_rule_is_refused_at_chunks(name):
+    """C > 1 on a per-token rule would anchor its gradients (another function): refused, and the
+    reason names the anchor; C that does not divide the anchor is refused too."""
+    rule = RULES[name]()
+    q, k, v, gates = inputs_for(rule)
+    for C in (3, 16):
+        ok, reason = ac.get_registry().build("strategy", ap(C)).supports(rule)
+        assert not ok and "anchor" in reason, reason
+        with pytest.raises(StrategyError, match=r"atlas_parallel cannot run this rule: .*anchor"):
+            rule(q, k, v, gates=gates, strategy=ap(C))
+    ok, reason = ac.get_registry().build("strategy", ap(4)).supports(RULES[name](6))
+    assert not ok and "anchor=6" in reason and "chunk_size=4" in reason
+
+
+def test_default_chunk_is_the_largest_divisor_of_the_anchor():
+    strat = ac.get_registry().build("strategy", {"use": "atlas_muon:atlas_parallel"})
+    assert strat.chunk_size is None
+    assert [strat.chunk_for(linear_rule(anchor=A)) for A in (16, 12, 7, 128, 96)] == [16, 12, 7, 64, 48]
+    assert strat.chunk_for(linear_rule()) == 1 and not strat.supports(linear_rule())[0]
+    rule = linear_rule(8, "before", anchor=12)
+    q, k, v, gates = inputs_for(rule, T=29)
+    with torch.no_grad():
+        assert_same(rule(q, k, v, gates=gates, strategy={"use": "atlas_muon:atlas_parallel"}),
+                    rule(q, k, v, gates=gates, strategy="core:sequential"))
 
 
 @pytest.mark.parametrize("window", [1, 8], ids=lambda c: f"c{c}")
 def test_chunk_equals_hand_written_anchored_loop(window):
-    rule = linear_rule(window)
+    rule = linear_rule(window, anchor=4)
     q, k, v, gates = make_inputs(gamma=window > 1)
     y, state = rule(q, k, v, gates=gates, strategy=ap(4))
     y_ref, ref = muon_linear_loop(q, k, v, gates, window=window, anchor_every=4, gamma=gates.get("gamma"))
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
     for key in ref:
         torch.testing.assert_close(state[key], ref[key], rtol=0, atol=1e-10)
+    # the block of tokens 8..10 is open: its anchor memory is M after 8 tokens
+    _, head = muon_linear_loop(q[:, :8], k[:, :8], v[:, :8], {n: g[:, :8] for n, g in gates.items()},
+                               window=window, anchor_every=4,
+                               gamma=gates["gamma"][:, :8] if "gamma" in gates else None)
+    assert state["anchor.pos"].tolist() == [3.0, 3.0]
+    torch.testing.assert_close(state["anchor.M"], head["M"], rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_core_chunkwise_runs_muon_with_the_same_results(name):
-    rule = RULES[name]()
+    rule = RULES[name](8)
     q, k, v, gates = inputs_for(rule)
     with torch.no_grad():
-        assert_same(rule(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 4}),
-                    rule(q, k, v, gates=gates, strategy=ap(4)))
+        par = rule(q, k, v, gates=gates, strategy=ap(4))
+        assert_same(rule(q, k, v, gates=gates, strategy={"use": "core:chunkwise", "chunk_size": 4}), par)
+        assert_same(par, rule(q, k, v, gates=gates, strategy="core:sequential"))
 
 
-@pytest.mark.parametrize("C, split", [(4, 8), (1, 5), (3, 6)], ids=["C4-on-boundary", "C1", "C3-on-boundary"])
+def _in_calls(rule, strategy, pieces, T=11):
+    """One call per piece, each given the state the previous one returned."""
+    q, k, v, gates = inputs_for(rule, T=T)
+    ys, state, i = [], None, 0
+    for n in pieces:
+        sl = slice(i, i + n)
+        y, state = rule(q[:, sl], k[:, sl], v[:, sl], gates={g: x[:, sl] for g, x in gates.items()},
+                        state=state, strategy=strategy)
+        ys.append(y)
+        i += n
+    assert i == T
+    return torch.cat(ys, 1), state
+
+
+@pytest.mark.parametrize("C, anchor, split", [(4, 8, 8), (4, 4, 5), (1, 1, 5), (1, 3, 5), (3, 6, 7), (3, 3, 6)],
+                         ids=["C4-A8-on-chunk", "C4-A4-inside", "C1", "C1-A3", "C3-A6-inside", "C3-A3-on-block"])
 @pytest.mark.parametrize("name", ["lin-c8-before", "deep-c8-before", "lin-c1-after"])
-def test_state_carries_across_calls(name, C, split):
-    """M, Z and the Omega window buffer carry: two calls equal one call (split on a boundary)."""
-    rule = RULES[name]()
-    q, k, v, gates = inputs_for(rule)
+def test_state_carries_across_calls(name, C, anchor, split):
+    """M, Z, the Omega window buffer and the anchor block (position and memory) carry: two calls
+    equal one call, wherever the split falls, and equal core:sequential."""
+    rule = RULES[name](anchor)
     with torch.no_grad():
-        y_all, s_all = rule(q, k, v, gates=gates, strategy=ap(C))
-        first = {n: g[:, :split] for n, g in gates.items()}
-        second = {n: g[:, split:] for n, g in gates.items()}
-        y1, s1 = rule(q[:, :split], k[:, :split], v[:, :split], gates=first, strategy=ap(C))
-        y2, s2 = rule(q[:, split:], k[:, split:], v[:, split:], gates=second, state=s1, strategy=ap(C))
-    assert any(key.startswith("Z.") for key in s1)
-    assert_same((torch.cat([y1, y2], 1), s2), (y_all, s_all))
+        one = _in_calls(rule, ap(C), [11])
+        two = _in_calls(rule, ap(C), [split, 11 - split])
+        seq = _in_calls(rule, "core:sequential", [11])
+    assert any(key.startswith("Z.") for key in two[1])
+    assert ("anchor.pos" in two[1]) == (anchor > 1)
+    assert_same(two, one)
+    assert_same(one, seq)
+
+
+@pytest.mark.parametrize("C, anchor", [(4, 4), (2, 6), (1, 1)], ids=["C4-A4", "C2-A6", "C1-A1"])
+@pytest.mark.parametrize("name", ["lin-c8-before", "deep-c1-after"])
+def test_decoding_one_token_at_a_time_equals_one_call(name, C, anchor):
+    """Decoding: a prompt of 3 tokens, then one token per call (each runs the sequential step),
+    equals one chunked call and core:sequential."""
+    rule = RULES[name](anchor)
+    with torch.no_grad():
+        one = _in_calls(rule, ap(C), [11])
+        steps = _in_calls(rule, ap(C), [3] + [1] * 8)
+        uneven = _in_calls(rule, ap(C), [1, 5, 2, 3])
+        seq = _in_calls(rule, "core:sequential", [11])
+    assert_same(steps, one)
+    assert_same(uneven, one)
+    assert_same(one, seq)
 
 
 def _grads(rule, strategy, T=9):
@@ -115,9 +205,9 @@ def _grads(rule, strategy, T=9):
 
 @pytest.mark.parametrize("name", ["lin-c8-before", "deep-c8-before"])
 def test_gradients_equal_with_and_without_recomputation(name):
-    rule = RULES[name]()
-    ref = _grads(rule, {"use": "core:chunkwise", "chunk_size": 4})
-    for strategy in (ap(4), ap(4, checkpoint=False)):
+    rule = RULES[name](8)
+    ref = _grads(rule, "core:sequential")
+    for strategy in ({"use": "core:chunkwise", "chunk_size": 4}, ap(4), ap(4, checkpoint=False)):
         got = _grads(rule, strategy)
         assert set(got) == set(ref)
         for n in ref:
@@ -135,13 +225,13 @@ def test_chunk1_gradients_equal_sequential():
 
 
 def test_gradcheck_tiny():
-    rule = linear_rule(2)
+    rule = linear_rule(2, anchor=2)
     q, k, v, gates = make_inputs(B=1, T=5, H=1, Dk=2, Dv=3, gamma=True, requires_grad=True)
     names = list(gates)
 
     def f(q, k, v, *g):
         y, s = rule(q, k, v, gates=dict(zip(names, g)), strategy=ap(2))
-        return y, s["M"], s["Z.M"]
+        return y, s["M"], s["Z.M"], s["anchor.M"]
 
     assert torch.autograd.gradcheck(f, (q, k, v, *gates.values()), fast_mode=True)
 
@@ -150,7 +240,7 @@ def _saved_bytes_per_token(strategy, T1=16, T2=32, d=8):
     """Growth with T of the bytes autograd keeps for the backward pass (linear memory)."""
 
     def saved(T):
-        rule = ac.build_rule({"retention": "core:decay", "algorithm": "atlas_muon:muon"})
+        rule = ac.build_rule({"retention": "core:decay", "algorithm": "atlas_muon:muon", "anchor": 8})
         q, k, v, gates = make_inputs(B=1, T=T, H=1, Dk=d, Dv=d, dtype=torch.float32, requires_grad=True)
         seen, total = set(), [0]
 
@@ -180,9 +270,11 @@ def test_recomputation_keeps_only_chunk_boundaries():
 
 
 def test_dispatch_and_refusals():
-    muon = linear_rule()
+    muon = linear_rule(anchor=16)
     assert resolve_strategy(muon, "auto").name == "atlas_muon:atlas_parallel"
-    momentum = ac.build_rule({"retention": "core:decay", "algorithm": "core:momentum"})
+    # the per-token Muon rule has no exact chunked form: auto runs it sequentially
+    assert resolve_strategy(linear_rule(), "auto").name == "core:sequential"
+    momentum = ac.build_rule({"retention": "core:decay", "algorithm": "core:momentum", "anchor": 4})
     assert resolve_strategy(momentum, "auto").name != "atlas_muon:atlas_parallel"
     strat = ac.get_registry().build("strategy", ap(4))
     ok, reason = strat.supports(momentum)
@@ -194,7 +286,7 @@ def test_dispatch_and_refusals():
 
 
 def test_no_grad_and_grad_paths_agree():
-    rule = deep_rule(8, "after")
+    rule = deep_rule(8, "after", anchor=4)
     q, k, v, gates = inputs_for(rule)
     with torch.no_grad():
         y0, s0 = rule(q, k, v, gates=gates, strategy=ap(4))

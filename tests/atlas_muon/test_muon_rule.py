@@ -15,23 +15,27 @@ from .loops import muon_linear_loop, muon_mlp_loop
 WINDOW8 = {"use": "omega:window", "window": 8, "inner": "core:l2", "gamma": "gate"}
 
 
-def linear_rule(window=1, read="after", **muon):
+def linear_rule(window=1, read="after", anchor=1, **muon):
+    """Linear memory, l2 (or an Omega window of ``window``), decay, Muon; ``anchor``: the rule's
+    anchor block (1: per token)."""
     return ac.build_rule({
         "structure": "core:linear",
         "bias": WINDOW8 | {"window": window} if window > 1 else "core:l2",
         "retention": "core:decay",
         "algorithm": {"use": "atlas_muon:muon", **muon},
         "read": read,
+        "anchor": anchor,
     })
 
 
-def deep_rule(window=1, read="after", heads=2, d=4):
+def deep_rule(window=1, read="after", heads=2, d=4, anchor=1):
     return ac.build_rule({
         "structure": {"use": "titans:mlp", "depth": 2, "expansion": 1.5, "activation": "silu"},
         "bias": WINDOW8 | {"window": window} if window > 1 else "core:l2",
         "retention": "core:decay",
         "algorithm": "atlas_muon:muon",
         "read": read,
+        "anchor": anchor,
     }, heads=heads, d_key=d, d_value=d).to(DT)
 
 
@@ -48,6 +52,30 @@ def test_linear_sequential_matches_hand_loop(window, read):
     for key in ref:
         torch.testing.assert_close(state[key], ref[key], rtol=0, atol=1e-10)
     assert state["Z.M"].abs().max() > 0.1  # the momentum really moved
+
+
+@pytest.mark.parametrize("window", [1, 8], ids=lambda c: f"c{c}")
+@pytest.mark.parametrize("read", ["after", "before"])
+def test_anchored_sequential_matches_hand_loop(window, read):
+    """anchor = 4 under core:sequential (the rule's reference loop): every gradient of a block of 4
+    tokens (counted from the start of the sequence) at the block's start memory; the final state
+    carries the position in the block (11 % 4 = 3) and the block's anchor memory (M after 8 tokens)."""
+    rule = linear_rule(window, read, anchor=4)
+    q, k, v, gates = make_inputs(gamma=window > 1)
+    y, state = rule(q, k, v, gates=gates, strategy="core:sequential")
+    y_ref, ref = muon_linear_loop(q, k, v, gates, window=window, read=read, anchor_every=4,
+                                  gamma=gates.get("gamma"))
+    assert set(state) == set(ref) | {"anchor.pos", "anchor.M"}
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-10)
+    for key in ref:
+        torch.testing.assert_close(state[key], ref[key], rtol=0, atol=1e-10)
+    assert state["anchor.pos"].tolist() == [3.0, 3.0]
+    _, head = muon_linear_loop(q[:, :8], k[:, :8], v[:, :8], {n: g[:, :8] for n, g in gates.items()},
+                               window=window, read=read, anchor_every=4,
+                               gamma=gates["gamma"][:, :8] if "gamma" in gates else None)
+    torch.testing.assert_close(state["anchor.M"], head["M"], rtol=0, atol=1e-10)
+    y1, _ = linear_rule(window, read)(q, k, v, gates=gates, strategy="core:sequential")
+    assert (y - y1).abs().max() > 1e-6  # the anchor is part of the rule
 
 
 @pytest.mark.parametrize(

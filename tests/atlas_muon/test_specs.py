@@ -14,7 +14,7 @@ import atlas_core as ac
 from atlas_core.components.decay import DecayRetention
 from atlas_core.components.identity import build as identity
 from atlas_core.components.l2 import build as l2
-from atlas_core.errors import SpecError
+from atlas_core.errors import SpecError, StrategyError
 from atlas_core.knobs.structure import Structure
 from atlas_core.rule import ComposedRule
 from atlas_plugins.atlas_muon.muon import Muon
@@ -105,18 +105,24 @@ def test_presets_compose_the_atlas_knobs(preset, structure):
     assert spec["feature_map"]["use"] == "omega:poly" and spec["retention"] == "core:decay"
     assert isinstance(rule.algorithm, Muon) and rule.algorithm.ns_steps == 5
     assert set(rule.gate_names) == {"alpha", "eta", "theta", "gamma"}
-    q, k, v, gates = make_inputs(T=10, gamma=True)
+    assert rule.anchor == 16 and spec["anchor"] == 16  # Atlas' chunked gradients are the rule
+    q, k, v, gates = make_inputs(T=20, gamma=True)
     with torch.no_grad():
         seq = rule(q, k, v, gates=gates, strategy="core:sequential")
-        par1 = rule(q, k, v, gates=gates, strategy={"use": "atlas_muon:atlas_parallel", "chunk_size": 1})
-        par4 = rule(q, k, v, gates=gates, strategy={"use": "atlas_muon:atlas_parallel", "chunk_size": 4})
-        inputs = rule.prepare(q, k, v, gates=gates)
-        ref4 = rule.finish(inputs, rule.reference(inputs, anchor_every=4))
-    for got, ref in ((par1, seq), (par4, ref4)):
-        torch.testing.assert_close(got[0], ref[0], rtol=0, atol=1e-10)
-        for key in ref[1]:
-            torch.testing.assert_close(got[1][key], ref[1][key], rtol=0, atol=1e-10)
+        for parallel in ({"chunk_size": 1}, {"chunk_size": 4}, {"chunk_size": 16}, {}):
+            got = rule(q, k, v, gates=gates, strategy={"use": "atlas_muon:atlas_parallel", **parallel})
+            torch.testing.assert_close(got[0], seq[0], rtol=0, atol=1e-10)
+            assert set(got[1]) == set(seq[1])
+            for key in seq[1]:
+                torch.testing.assert_close(got[1][key], seq[1][key], rtol=0, atol=1e-10)
+        per_token = ac.build_rule({"use": preset, "anchor": 1}, heads=2, d_key=4, d_value=4).to(DT)
+        per_token.load_state_dict(rule.state_dict())
+        tok = per_token(q, k, v, gates=gates, strategy="core:sequential")
     assert "window.k" in seq[1] and seq[1]["window.k"].shape == (2, 2, 7, 4)
+    assert seq[1]["anchor.pos"].tolist() == [4.0, 4.0]  # 20 tokens: 4 into the second block
+    assert (tok[0] - seq[0]).abs().max() > 1e-6  # anchor = 1 is another rule
+    with pytest.raises(StrategyError, match=r"atlas_parallel cannot run this rule: .*anchor"):
+        per_token(q, k, v, gates=gates, strategy={"use": "atlas_muon:atlas_parallel", "chunk_size": 4})
 
 
 def test_preset_override_and_learned_feature_map_gradients():
@@ -139,9 +145,12 @@ def test_example_spec_resolves_and_a_small_model_runs():
     assert memory["parallel"]["use"] == "atlas_muon:atlas_parallel"
     assert memory["algorithm"] == {"use": "atlas_muon:muon", "ns_steps": 5,
                                    "coefficients": [3.4445, -4.775, 2.0315]}
+    assert memory["anchor"] == 16 and memory["parallel"]["chunk_size"] == 16
     raw = tomllib.loads(EXAMPLE.read_text())
     raw["model"].update(vocab_size=32, d_model=8, depth=1, heads=2)  # tiny, same rule
     model = ac.build_model(raw)
+    layer = model.blocks[0].memory
+    assert layer.rule.anchor == 16 and layer.runner.name == "atlas_muon:atlas_parallel"
     ids = torch.randint(0, 32, (1, 6))
     logits = model(ids)
     assert logits.shape == (1, 6, 32) and torch.isfinite(logits).all()

@@ -11,7 +11,7 @@ from tests.omega.test_omega_memory import LargestAllocation
 from .conftest import make_inputs
 
 SPECS = {
-    "linear": {"retention": "core:decay", "algorithm": "atlas_muon:muon"},
+    "linear": {"retention": "core:decay", "algorithm": "atlas_muon:muon", "anchor": 8},
     "linear-window8": {"use": "atlas_muon:atlas_linear"},
     "deep-window8": {"use": "atlas_muon:atlas", "structure": {"use": "titans:mlp", "expansion": 1.0}},
 }

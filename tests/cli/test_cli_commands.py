@@ -27,16 +27,22 @@ def host():
     reset_host(None)
 
 
+# the toy spec with an anchored rule: core:chunkwise at chunk_size = 4 runs a rule whose anchor
+# it divides (the per-token toy:delta rule would be refused, see test_spec_validate)
+TOY = copy.deepcopy(VALID)
+TOY["memory"]["anchor"] = 4
+
+
 @pytest.fixture
 def toy_file(tmp_path):
     path = tmp_path / "toy.toml"
-    path.write_text(dump_toml(VALID))
+    path.write_text(dump_toml(TOY))
     return path
 
 
 @pytest.fixture
 def bad_file(tmp_path):
-    data = copy.deepcopy(VALID)
+    data = copy.deepcopy(TOY)
     data["model"]["arch"] = "toy:lmm"
     data["memory"]["algorithm"] = "core:momentun"
     data["layer"]["conv_size"] = -3
@@ -138,6 +144,19 @@ def test_spec_validate(host, toy_file, bad_file):
     assert "Traceback" not in human.output
 
 
+def test_spec_validate_refuses_chunks_of_a_per_token_rule(host, tmp_path):
+    """Chunks of 4 on the per-token rule (anchor = 1) would compute another function: refused at
+    memory.parallel with a reason naming the anchor."""
+    data = copy.deepcopy(TOY)
+    del data["memory"]["anchor"]
+    path = tmp_path / "per_token.toml"
+    path.write_text(dump_toml(data))
+    (row,) = as_json(invoke(["--format", "json", "spec", "validate", path]))
+    assert row["ok"] is False
+    assert [e["path"] for e in row["errors"]] == ["memory.parallel"]
+    assert "anchor" in row["errors"][0]["message"] and "chunk_size=4" in row["errors"][0]["message"]
+
+
 def test_spec_show_toml_and_json(host, toy_file):
     spec = load_spec(toy_file)
     text = invoke(["spec", "show", toy_file])
@@ -174,7 +193,7 @@ def test_build_reports_parameters_per_block(host, toy_file, device):
     data = json.loads(result.stdout)
     assert data["param_devices"] == [device]
     blocks = {b["block"]: b["params"] for b in data["blocks"]}
-    d, vocab = VALID["model"]["d_model"], VALID["model"]["vocab_size"]
+    d, vocab = TOY["model"]["d_model"], TOY["model"]["vocab_size"]
     assert blocks["embed"] == vocab * d and blocks["head"] == d * vocab  # counted by hand
     assert sum(blocks.values()) == data["total_params"]  # no tied weights in the toy
     assert data["total_bytes"] == 4 * data["total_params"]  # float32

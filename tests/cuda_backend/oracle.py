@@ -1,10 +1,13 @@
 """Shared builders for the kernel tests: a rule, float64 leaf inputs with a carried initial state,
 and one forward + backward through a chosen backend.
 
-The reference is ``core:chunkwise``'s PyTorch code (``backend = "torch"``) in float64; the kernel
-runs in float32 (or half). Both see the same leaves; gradients are taken of one fixed random
-linear functional of the output and of the final state, w.r.t. every input: q, k, v, each gate
-and each entry of the initial state (memory, momentum and the carried Omega window).
+The references are ``core:chunkwise``'s PyTorch code (``backend = "torch"``) and the rule itself
+(``core:sequential``), in float64; the kernel runs in float32 (or half). All see the same leaves;
+gradients are taken of one fixed random linear functional of the output and of the final state,
+w.r.t. every input: q, k, v, each gate and each differentiable entry of the initial state (memory,
+momentum and the carried Omega window). An anchored rule's state also carries the position in its
+anchor block (``anchor.pos``, 0 here: the kernel serves calls that start on a block) and the
+block's anchor memory (``anchor.M``, unused at position 0): both are inputs, not leaves.
 """
 
 from __future__ import annotations
@@ -30,14 +33,15 @@ def bias_spec(bias: str, window: int, gamma: str = "gate"):
 
 
 def make_rule(bias="l2", algorithm="gd", read="after", window=1, gamma="gate",
-              retention="core:decay", d=D):
+              retention="core:decay", d=D, anchor=1):
     spec = {"bias": bias_spec(bias, window, gamma), "retention": retention,
-            "algorithm": f"core:{algorithm}", "read": read}
+            "algorithm": f"core:{algorithm}", "read": read, "anchor": anchor}
     return ac.build_rule(spec, heads=H, d_key=d, d_value=d)
 
 
 def make_leaves(rule, T: int, seed: int = 0, d: int = D) -> dict[str, torch.Tensor]:
-    """float64 leaves: inputs, gates and a non-zero carried state (every key of the rule's state)."""
+    """float64 leaves: inputs, gates and a non-zero carried state (every key of the rule's state;
+    an anchored rule's ``anchor.*`` entries at position 0 do not require gradients)."""
     g = torch.Generator().manual_seed(seed)
     f64 = dict(dtype=torch.float64)
 
@@ -49,29 +53,34 @@ def make_leaves(rule, T: int, seed: int = 0, d: int = D) -> dict[str, torch.Tens
         lo, hi = {"theta": (0.1, 0.9), "gamma": (0.3, 0.9)}.get(name, (0.5, 0.98))
         leaves[name] = lo + (hi - lo) * torch.rand(B, T, H, generator=g, **f64)
     for key, x in rule.init_state(B, dtype=torch.float64).items():
-        if key == "window.gamma":
+        if key == "anchor.pos":
+            leaves["state." + key] = torch.zeros(x.shape, **f64)  # a block starts here
+        elif key == "window.gamma":
             leaves["state." + key] = 0.3 + 0.6 * torch.rand(x.shape, generator=g, **f64)
         elif key == "window.k":
             leaves["state." + key] = unit(*x.shape)
         else:
             leaves["state." + key] = 0.3 * torch.randn(x.shape, generator=g, **f64)
-    return {k: v.requires_grad_(True) for k, v in leaves.items()}
+    return {k: v if k.startswith("state.anchor.") else v.requires_grad_(True) for k, v in leaves.items()}
 
 
 def run(rule, leaves, *, chunk_size: int, backend: str, dtype=torch.float64, seed: int = 1):
-    """y, final state and the gradients (float64) of a fixed functional, through ``backend``."""
+    """y, final state and the gradients (float64) of a fixed functional, through ``backend``
+    (``"sequential"``: the rule's reference loop, ``core:sequential``)."""
     cast = {k: v.to(dtype) for k, v in leaves.items()}
     gates = {n: cast[n] for n in rule.gate_names}
     state = {k[len("state."):]: v for k, v in cast.items() if k.startswith("state.")}
-    strategy = {"use": "core:chunkwise", "chunk_size": chunk_size, "backend": backend}
+    strategy = ("core:sequential" if backend == "sequential" else
+                {"use": "core:chunkwise", "chunk_size": chunk_size, "backend": backend})
     y, final = rule(cast["q"], cast["k"], cast["v"], gates=gates, state=state, strategy=strategy)
     g = torch.Generator().manual_seed(seed)
     loss = (y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64)).sum()
     for key in sorted(final):
         w = torch.randn(final[key].shape, generator=g, dtype=torch.float64)
         loss = loss + (final[key].double() * w).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=False)
-    return y.detach().double(), {k: v.detach().double() for k, v in final.items()}, dict(zip(leaves, grads))
+    wrt = {k: v for k, v in leaves.items() if v.requires_grad}
+    grads = torch.autograd.grad(loss, list(wrt.values()), allow_unused=False)
+    return y.detach().double(), {k: v.detach().double() for k, v in final.items()}, dict(zip(wrt, grads))
 
 
 def compare(got, want) -> dict[str, float]:

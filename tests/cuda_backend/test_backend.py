@@ -1,6 +1,9 @@
-"""The ``cuda:chunk_linear`` backend's contract: availability, the per-call verifier's refusals,
-forcing (an error naming the backend and the reason), disabling, and the PyTorch fallback of
-whole models on a machine without CUDA and without the interpreter."""
+"""The ``cuda:chunk_linear`` backend's contract: availability, the per-call verifier's refusals
+(the kernel anchors each chunk at its start, so it serves rules whose anchor is the chunk size on
+whole anchor blocks, and per-token dot rules), forcing (an error naming the backend and the
+reason), disabling, backends bound once per strategy, a whole model on the kernel equal to PyTorch
+(decoding included), and the PyTorch fallback of whole models on a machine without CUDA and
+without the interpreter."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ pytestmark = pytest.mark.triton
 NAME = "cuda:chunk_linear"
 
 
-def _inputs(rule, T=6, d=8, dtype=torch.float32, seed=0):
+def _inputs(rule, T=8, d=8, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, T, H, d, generator=g, dtype=dtype) for _ in range(3))
     gates = {n: 0.5 + 0.4 * torch.rand(1, T, H, generator=g, dtype=dtype) for n in rule.gate_names}
@@ -79,23 +82,49 @@ def test_unavailable_without_triton(monkeypatch):
 
 
 def test_auto_selects_the_kernel_for_float32_and_falls_back_for_float64():
-    rule = make_rule("l2", "momentum", "after", 1, d=8)
+    rule = make_rule("l2", "momentum", "after", 1, d=8, anchor=4)
     strat = Chunkwise(ChunkwiseParams(chunk_size=4))
     p32 = rule.prepare(*_inputs(rule))
     assert isinstance(select_backend(strat, rule, p32), ChunkLinearBackend)
+    assert isinstance(strat.bound_backends().select(strat, rule, p32), ChunkLinearBackend)
     p64 = rule.prepare(*_inputs(rule, dtype=torch.float64))
     assert select_backend(strat, rule, p64) is None  # refused: the PyTorch code runs
+    assert strat.bound_backends().select(strat, rule, p64) is None
+
+
+def test_backends_are_bound_once_per_strategy(monkeypatch):
+    """A rule resolves its strategy once (``rule.runner``), which builds and probes its backends
+    once; later calls only run the per-call verifier."""
+    from atlas_core.host.registry import Registry
+
+    rule = make_rule("l2", "momentum", "after", 1, d=8, anchor=4)
+    strategy = _chunkwise()
+    q, k, v, gates = _inputs(rule)
+    rule(q, k, v, gates=gates, strategy=strategy)  # resolve and bind
+    runner = rule.runner(strategy)
+    builds, probes, verifies = [], [], []
+    real_build = Registry.build
+    monkeypatch.setattr(Registry, "build", lambda self, *a, **kw: builds.append(a) or real_build(self, *a, **kw))
+    real_avail, real_verify = ChunkLinearBackend.is_available, ChunkLinearBackend.verify
+    monkeypatch.setattr(ChunkLinearBackend, "is_available", lambda self: probes.append(1) or real_avail(self))
+    monkeypatch.setattr(ChunkLinearBackend, "verify",
+                        lambda self, *a: verifies.append(1) or real_verify(self, *a))
+    for _ in range(3):
+        rule(q, k, v, gates=gates, strategy=strategy)
+    assert rule.runner(strategy) is runner and builds == [] and probes == []
+    assert len(verifies) == 3  # the per-call verifier runs on every call
 
 
 def test_disabled_by_environment(monkeypatch):
-    rule = make_rule("l2", "gd", "after", 1, d=8)
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     p = rule.prepare(*_inputs(rule))
     monkeypatch.setenv("ATLAS_DISABLE_BACKENDS", NAME)
     assert select_backend(Chunkwise(ChunkwiseParams(chunk_size=4)), rule, p) is None
 
 
-def _refusal(rule, dtype=torch.float32, C=4, d=8):
-    p = rule.prepare(*_inputs(rule, d=d, dtype=dtype))
+def _refusal(rule, dtype=torch.float32, C=4, d=8, T=8, state=None):
+    q, k, v, gates = _inputs(rule, T=T, d=d, dtype=dtype)
+    p = rule.prepare(q, k, v, gates=gates, state=state)
     ok, why = ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=C)), rule, p)
     assert not ok and why
     return why
@@ -118,12 +147,13 @@ class Softmaxish(Retention):
 
 
 def test_verifier_refusals_give_reasons():
-    base = make_rule("l2", "gd", "after", 1, d=8)
+    base = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     assert "float64" in _refusal(base, dtype=torch.float64)
-    assert "chunk_size=128 exceeds 64" in _refusal(base, C=128)
-    assert "head dims" in _refusal(make_rule("l2", "gd", "after", 1, d=256), d=256)
-    wide = make_rule("l2", "gd", "after", 80, d=8)
-    assert "chunk_size + window - 1 = 143 exceeds 128" in _refusal(wide, C=64)
+    big = make_rule("l2", "gd", "after", 1, d=8, anchor=128)
+    assert "chunk_size=128 exceeds 64" in _refusal(big, C=128, T=128)
+    assert "head dims" in _refusal(make_rule("l2", "gd", "after", 1, d=256, anchor=4), d=256)
+    wide = make_rule("l2", "gd", "after", 80, d=8, anchor=64)
+    assert "chunk_size + window - 1 = 143 exceeds 128" in _refusal(wide, C=64, T=64)
     deep = ac.build_rule({"structure": "titans:mlp", "algorithm": "core:gd"}, heads=H, d_key=8, d_value=8)
     assert "not the linear matrix memory" in _refusal(deep)
     muon = ac.build_rule({"algorithm": "atlas_muon:muon"}, heads=H, d_key=8, d_value=8)
@@ -134,8 +164,30 @@ def test_verifier_refusals_give_reasons():
     assert "not a linear" in _refusal(soft)
 
 
+def test_verifier_serves_only_the_rule_s_own_anchor_blocks():
+    """The kernel takes each chunk's gradients at the chunk's start: a per-token l2 rule, or an
+    anchor other than the chunk size, would be another function; a call that does not cover whole
+    anchor blocks (ragged, or starting inside a block) would need the block's anchor memory."""
+    per_token = make_rule("l2", "momentum", "after", 1, d=8)
+    assert "anchor=1 differs from chunk_size=4" in _refusal(per_token)
+    assert "anchor=8 differs from chunk_size=4" in _refusal(make_rule("l2", "gd", "after", 1, d=8, anchor=8))
+    anchored = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
+    assert "whole anchor blocks" in _refusal(anchored, T=6)
+    state = anchored.init_state(1)
+    state["anchor.pos"] = torch.full((1,), 2.0)  # two tokens into a block
+    assert "whole anchor blocks" in _refusal(anchored, state=state)
+    ok = ChunkLinearBackend().verify
+    strat = Chunkwise(ChunkwiseParams(chunk_size=4))
+    assert ok(strat, anchored, anchored.prepare(*_inputs(anchored, T=12))) == (True, "")
+    dot = make_rule("dot", "gd", "after", 1, d=8)  # prediction-free: anchoring changes nothing
+    assert ok(strat, dot, dot.prepare(*_inputs(dot, T=7))) == (True, "")
+    # the strategy itself refuses the per-token l2 rule at C = 4, naming the anchor
+    with pytest.raises(StrategyError, match=r"core:chunkwise cannot run this rule: .*anchor"):
+        per_token(*_inputs(per_token), strategy=_chunkwise(backend=NAME))
+
+
 def test_verifier_refuses_int32_overflow():
-    rule = make_rule("l2", "gd", "after", 1, d=8)
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     p = rule.prepare(*_inputs(rule))
     # expanded views: the shape of 2**33 elements (B * H * T * 16 padded D) without the memory
     p.psi = p.psi[:, :, :1].expand(1 << 14, H, 1 << 14, 8)
@@ -148,10 +200,13 @@ def test_verifier_accepts_the_largest_sizes():
     rule = make_rule("dot", "momentum", "before", 16, d=128)
     p = rule.prepare(*_inputs(rule, d=128))
     assert ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=64)), rule, p) == (True, "")
+    rule = make_rule("l2", "momentum", "before", 16, d=128, anchor=64)
+    p = rule.prepare(*_inputs(rule, d=128, T=64))
+    assert ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=64)), rule, p) == (True, "")
 
 
 def test_verifier_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
-    rule = make_rule("l2", "gd", "after", 1, d=8)
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     monkeypatch.delenv("TRITON_INTERPRET")
     assert "CUDA tensors" in _refusal(rule)
 
@@ -164,17 +219,20 @@ def test_bias_kind_probe():
 
 
 def test_forced_backend_that_refuses_names_backend_and_reason(monkeypatch):
-    rule = make_rule("l2", "gd", "after", 1, d=8)
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     q, k, v, gates = _inputs(rule, dtype=torch.float64)
     with pytest.raises(StrategyError, match=rf"{NAME}.*refused this call.*float64"):
         rule(q, k, v, gates=gates, strategy=_chunkwise(backend=NAME))
+    with pytest.raises(StrategyError, match=rf"{NAME}.*refused this call.*whole anchor blocks"):
+        rule(*_inputs(rule, T=6), strategy=_chunkwise(backend=NAME))
     monkeypatch.setenv("ATLAS_BACKEND", NAME)
+    big = make_rule("l2", "gd", "after", 1, d=8, anchor=128)
     with pytest.raises(StrategyError, match=rf"{NAME}.*chunk_size=128 exceeds 64"):
-        rule(*_inputs(rule), strategy=_chunkwise(C=128))
+        big(*_inputs(big, T=128), strategy=_chunkwise(C=128))
 
 
 def test_forced_backend_without_cuda_says_unavailable(no_device):
-    rule = make_rule("l2", "gd", "after", 1, d=8)
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     with pytest.raises(StrategyError, match=rf"{NAME}.*unavailable: no CUDA device"):
         rule(*_inputs(rule), strategy=_chunkwise(backend=NAME))
 
@@ -182,26 +240,33 @@ def test_forced_backend_without_cuda_says_unavailable(no_device):
 SPEC = {
     "schema": "atlas/1", "name": "tiny-titans",
     "model": {"arch": "titans:lmm", "vocab_size": 32, "d_model": 32, "depth": 1, "heads": 2},
-    "memory": {"use": "titans:titans", "parallel": {"use": "core:chunkwise", "chunk_size": 8}},
+    "memory": {"use": "titans:titans", "anchor": 8, "parallel": {"use": "core:chunkwise", "chunk_size": 8}},
 }
+IDS = torch.randint(0, 32, (1, 16), generator=torch.Generator().manual_seed(1))  # two anchor blocks
 
 
-def _model_run(seed=0):
+def _model_run(seed=0, with_model=False):
     torch.manual_seed(seed)
     model = ac.build_model(SPEC)
-    ids = torch.randint(0, 32, (1, 13), generator=torch.Generator().manual_seed(1))
-    logits = model(ids)
+    logits = model(IDS)
     logits.square().mean().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logits.detach(), grads
+    return (logits.detach(), grads) + ((model,) if with_model else ())
 
 
 def test_model_uses_the_kernel_and_matches_pytorch(monkeypatch):
     calls = []
     real_run = ChunkLinearBackend.run
     monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1) or real_run(self, *a))
-    got, g_got = _model_run()
+    got, g_got, model = _model_run(with_model=True)
     assert calls, "the kernel backend was not used"
+    # decoding (a 3-token prompt, then one token per step) equals the kernel's full forward
+    with torch.no_grad():
+        outs, state = [], None
+        for lo, hi in [(0, 3)] + [(t, t + 1) for t in range(3, 16)]:
+            logits, state = model.step(IDS[:, lo:hi], state)
+            outs.append(logits)
+    assert rel_rms(torch.cat(outs, 1), got) <= 1e-5
     monkeypatch.setenv("ATLAS_BACKEND", "torch")
     want, g_want = _model_run()
     assert rel_rms(got, want) <= 1e-5

@@ -1,5 +1,8 @@
-"""Titans architectures (LMM, MAG, MAL, MAC): causality, cached decoding == full forward (float64),
-generation, bounded decoding state, MAC's committed-memory retrieval, training, bad input."""
+"""Titans architectures (LMM, MAG, MAL, MAC): causality, cached decoding == full forward (float64)
+for every strategy (core:chunkwise on an anchored rule, core:exact_chunk and core:sequential on
+per-token rules, core:sequential on an anchored deep rule), generation, bounded decoding state (the
+memory state is the layer's flat state dict: no chunk buffer), MAC's committed-memory retrieval,
+training, bad input."""
 
 from __future__ import annotations
 
@@ -20,8 +23,16 @@ ARCH_PARAMS = {
     "titans:mac": {"segment_size": 4, "persistent_tokens": 2, "window": 3},
 }
 MEMORIES = {
-    # chunkwise with C > 1: decoding must buffer to the chunk grid to match the full forward
-    "linear-chunk4": {"use": "titans:titans", "parallel": {"use": "core:chunkwise", "chunk_size": 4}},
+    # an anchored rule (anchor 4) under chunkwise at C = 4: decoding one token at a time (the
+    # sequential step) must carry the anchor block's position and memory to match the full forward
+    "linear-chunk4": {"use": "titans:titans", "anchor": 4,
+                      "parallel": {"use": "core:chunkwise", "chunk_size": 4}},
+    # chunks of 2 inside anchor blocks of 8: a call may start inside a chunk and inside a block
+    "linear-a8-chunk2": {"use": "titans:titans", "anchor": 8,
+                         "parallel": {"use": "core:chunkwise", "chunk_size": 2}},
+    # the per-token rule, exact in chunks of 4 (the WY form)
+    "linear-exact4": {"use": "titans:titans", "parallel": {"use": "core:exact_chunk", "chunk_size": 4}},
+    # the deep preset is anchored (16) by default; run by the reference loop
     "deep-seq": {"use": "titans:titans_deep", "structure": {"use": "titans:mlp", "expansion": 1.0},
                  "parallel": "core:sequential"},
 }
@@ -84,8 +95,48 @@ def test_cached_decoding_equals_full_forward(arch, memory):
         full = model(ids)
         one_by_one, _ = decode(model, ids, [3] + [1] * (T + 3))
         uneven, _ = decode(model, ids, [1, 5, 2, 7, 4])
+        whole, _ = decode(model, ids, [T + 6])
     torch.testing.assert_close(one_by_one, full, rtol=0, atol=1e-8)
     torch.testing.assert_close(uneven, full, rtol=0, atol=1e-8)
+    torch.testing.assert_close(whole, full, rtol=0, atol=1e-8)
+
+
+# the same rule (same parameters for the same seed) under every strategy that accepts it
+SAME_RULE = {
+    "anchor4": ({"use": "titans:titans", "anchor": 4},
+                ["core:sequential", {"use": "core:chunkwise", "chunk_size": 1},
+                 {"use": "core:chunkwise", "chunk_size": 2}, {"use": "core:chunkwise", "chunk_size": 4},
+                 {"use": "core:chunkwise"}]),
+    "per-token": ({"use": "titans:titans"},
+                  ["core:sequential", {"use": "core:exact_chunk", "chunk_size": 3},
+                   {"use": "core:exact_chunk", "chunk_size": 16}, {"use": "core:chunkwise", "chunk_size": 1}]),
+}
+
+
+@pytest.mark.parametrize("rule", list(SAME_RULE))
+@pytest.mark.parametrize("arch", list(ARCH_PARAMS))
+def test_a_strategy_never_changes_the_function(arch, rule):
+    """Same rule, same seed: every strategy gives the sequential rule's logits, in one call and
+    decoded one token at a time; another anchor is another function."""
+    memory, strategies = SAME_RULE[rule]
+    ids = ids_for(n=T)
+
+    def logits(mem, parallel):
+        spec = spec_for(arch)
+        spec["memory"] = {**copy.deepcopy(mem), "parallel": copy.deepcopy(parallel)}
+        torch.manual_seed(0)
+        model = ac.build_model(spec).double().eval()
+        with torch.no_grad():
+            return model(ids), decode(model, ids, [2, 3] + [1] * (T - 5))[0]
+
+    ref, ref_steps = logits(memory, "core:sequential")
+    torch.testing.assert_close(ref_steps, ref, rtol=0, atol=1e-8)
+    for parallel in strategies[1:]:
+        got, steps = logits(memory, parallel)
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-8, msg=lambda m: f"{parallel}: {m}")
+        torch.testing.assert_close(steps, ref, rtol=0, atol=1e-8, msg=lambda m: f"{parallel}: {m}")
+    other = {**memory, "anchor": 8 if memory.get("anchor", 1) == 4 else 4}
+    assert (logits(other, "core:sequential")[0] - ref).abs().max() > 1e-6  # the anchor is the rule
 
 
 @pytest.mark.parametrize("arch", PARTIAL)
@@ -113,18 +164,40 @@ def state_numel(state) -> int:
     return 0
 
 
+def memory_states(arch, state):
+    """The memory layer's state of each block (MAG/MAL keep it beside the attention cache)."""
+    blocks = state["blocks"]
+    if arch in ("titans:mag", "titans:mal"):
+        return [b["memory"] for b in blocks]
+    if arch == "titans:mac":
+        return [b["committed"] for b in blocks]
+    return blocks
+
+
 @pytest.mark.parametrize("arch", list(ARCH_PARAMS))
 def test_decoding_state_stays_bounded(arch):
-    """No cache grows with the sequence: the state cycles with the window/segment/chunk sizes."""
+    """No cache grows with the sequence: the state cycles with the window/segment sizes, and the
+    memory's state is the layer's flat state dict (no chunk buffer), the same size at every step."""
     model = build(arch)
     ids = ids_for(n=64, B=1)
-    sizes, state = [], None
+    sizes, mem_sizes, state = [], [], None
     with torch.no_grad():
         for t in range(64):
             _, state = model.step(ids[:, t : t + 1], state)
             sizes.append(state_numel(state))
+            if arch != "titans:mac" or t >= 3:  # MAC commits its memory at the first segment's end
+                mem_sizes.append(state_numel(memory_states(arch, state)))
     assert max(sizes[16:32]) == max(sizes[48:64]) > 0
     assert sizes[47] == sizes[63]  # same phase of every period (4 divides 16)
+    assert len(set(mem_sizes)) == 1 and mem_sizes[0] > 0, mem_sizes
+    for mem in memory_states(arch, state):
+        assert set(mem) == {"conv.q", "conv.k", "conv.v", "rule.M", "rule.Z.M", "rule.anchor.pos",
+                            "rule.anchor.M"}
+        assert all(isinstance(x, torch.Tensor) for x in mem.values())
+        assert 0 <= int(mem["rule.anchor.pos"]) < 4  # the position inside an anchor block of 4
+    if arch == "titans:lmm":  # nothing else to carry: the size never changes
+        assert len(set(sizes)) == 1
+        assert [int(m["rule.anchor.pos"]) for m in memory_states(arch, state)] == [64 % 4] * 2
 
 
 @pytest.mark.parametrize("arch", list(ARCH_PARAMS))

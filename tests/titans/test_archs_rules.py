@@ -24,11 +24,16 @@ ARCH_PARAMS = {
     "titans:mac": {"segment_size": 4, "persistent_tokens": 2, "window": WINDOW},
 }
 RULES = {
-    "omeganet": {"use": "omega:omeganet", "bias": {"use": "omega:window", "window": 3},
+    # anchored rules under chunked strategies (the chunk size divides the anchor), and a
+    # per-token Omega rule under its exact chunked form: every one decodes exactly
+    "omeganet": {"use": "omega:omeganet", "bias": {"use": "omega:window", "window": 3}, "anchor": 4,
                  "parallel": {"use": "core:chunkwise", "chunk_size": 4}},
+    "omeganet-exact": {"use": "omega:omeganet", "bias": {"use": "omega:window", "window": 3},
+                       "parallel": {"use": "core:exact_chunk", "chunk_size": 4}},
     "atlas-linear": {"use": "atlas_muon:atlas_linear",
                      "parallel": {"use": "atlas_muon:atlas_parallel", "chunk_size": 4}},
-    "acme-huber": {"use": "acme:huber_titans", "parallel": {"use": "core:chunkwise", "chunk_size": 4}},
+    "acme-huber": {"use": "acme:huber_titans", "anchor": 8,
+                   "parallel": {"use": "core:chunkwise", "chunk_size": 4}},
 }
 
 
@@ -96,8 +101,25 @@ def test_the_third_party_rule_is_really_used(acme_registry):
     model = build("titans:mag", "acme-huber", acme_registry)
     rule = model.blocks[0].memory.rule
     assert isinstance(rule.bias, HuberBias) and rule.spec["use"] == "acme:huber_titans"
+    assert rule.anchor == 8 and model.blocks[0].memory.runner.name == "core:chunkwise"
     with pytest.raises(ac.SpecError, match="acme"):  # the process-wide host does not have it
         build("titans:mag", "acme-huber", None)
+
+
+@pytest.mark.parametrize("arch", list(ARCH_PARAMS))
+def test_a_per_token_rule_is_refused_by_chunks(arch, acme_registry):
+    """Chunks of 4 would anchor the per-token Huber rule's gradients (another function): the build
+    refuses at memory.parallel with a reason naming the anchor; anchor = 4 is accepted."""
+    spec = {"name": "tiny",
+            "model": {"arch": arch, "vocab_size": V, "d_model": 16, "depth": 1, "heads": 2,
+                      "mlp_ratio": 2.0, **ARCH_PARAMS[arch]},
+            "memory": {"use": "acme:huber_titans", "parallel": {"use": "core:chunkwise", "chunk_size": 4}}}
+    with pytest.raises(ac.SpecError) as err:
+        ac.build_model(copy.deepcopy(spec), registry=acme_registry)
+    assert any(i.path == "memory.parallel" for i in err.value.issues), str(err.value)
+    assert "anchor" in str(err.value) and "chunk_size=4" in str(err.value)
+    spec["memory"]["anchor"] = 4
+    assert ac.build_model(spec, registry=acme_registry).blocks[0].memory.rule.anchor == 4
 
 
 # -- flat decoding cost -----------------------------------------------------------------------------

@@ -14,7 +14,8 @@ TINY = {
     "memory": {
         "structure": "core:linear", "bias": "core:l2", "retention": "core:none",
         "algorithm": "core:gd", "feature_map": "core:identity", "read": "after",
-        "parallel": {"use": "core:chunkwise", "chunk_size": 8},
+        # gradients of each 8-token block at the block's start: the rule core:chunkwise runs at C = 8
+        "anchor": 8, "parallel": {"use": "core:chunkwise", "chunk_size": 8},
     },
     "layer": {"gate_bias": {"theta": 0.0}},
     "train": {

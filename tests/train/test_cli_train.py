@@ -201,10 +201,15 @@ def test_ctrl_c_exits_130_with_a_checkpoint(tmp_path, monkeypatch):
 
 
 def test_compare_table(tmp_path):
+    # per-token rules (anchor = 1): the state is the memory M alone. The delta rule runs exactly in
+    # chunks (core:exact_chunk); the dot rule's gradients ignore the memory, so core:chunkwise runs
+    # it at any chunk size
+    delta = copy.deepcopy(TINY)
+    delta["memory"].update(anchor=1, parallel={"use": "core:exact_chunk", "chunk_size": 8})
     hebbian = copy.deepcopy(TINY)
     hebbian["name"] = "tiny-dot"
-    hebbian["memory"]["bias"] = "core:dot"
-    files = [_spec_file(tmp_path, TINY, "a.toml"), _spec_file(tmp_path, hebbian, "b.toml")]
+    hebbian["memory"].update(bias="core:dot", anchor=1)
+    files = [_spec_file(tmp_path, delta, "a.toml"), _spec_file(tmp_path, hebbian, "b.toml")]
     r = invoke(["--format", "json", "compare", *map(str, files), "--steps", "2",
                 "--out", str(tmp_path / "runs")])
     assert r.exit_code == 0, r.output

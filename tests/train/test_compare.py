@@ -31,6 +31,8 @@ def test_rule_label(knobs, label):
 def test_state_sizes_count_memory_and_momentum():
     data = copy.deepcopy(TINY)
     data["layer"].update(d_key=8, d_value=4)
+    # the per-token rules (anchor = 1), run exactly in chunks of 8 (core:exact_chunk)
+    data["memory"].update(anchor=1, parallel={"use": "core:exact_chunk", "chunk_size": 8})
     delta = state_sizes(build_model(data))
     assert delta == {"memory_layers": 1, "memory": 2 * 4 * 8, "state": 2 * 4 * 8}
     data["memory"].update(retention="core:decay", algorithm="core:momentum")
@@ -38,6 +40,10 @@ def test_state_sizes_count_memory_and_momentum():
     titans = state_sizes(build_model(data))
     # momentum Z has the shape of M: twice the state for the same memory
     assert titans == {"memory_layers": 2, "memory": 2 * 4 * 8, "state": 2 * 2 * 4 * 8}
+    # an anchored rule also carries its block's anchor memory (the shape of M) and the position
+    data["memory"].update(anchor=8, parallel={"use": "core:chunkwise", "chunk_size": 8})
+    anchored = state_sizes(build_model(data))
+    assert anchored == {"memory_layers": 2, "memory": 2 * 4 * 8, "state": 3 * 2 * 4 * 8 + 1}
 
 
 def test_markdown_table_rows():
