@@ -111,6 +111,8 @@ class Rule(nn.Module):
             return hit[1]
         strat = resolve_strategy(self, value, registry)
         cache[key] = (value, strat)
+        # the bound object itself is a value too (a layer passes its runner back on every call)
+        cache[("object", id(strat))] = (strat, strat)
         return strat
 
     def single_step(self, inputs) -> bool:

@@ -26,6 +26,8 @@ class Strategy:
     """Base class of strategies. ``name`` is set by the factory that builds it."""
 
     name: str = "?"
+    #: whether `run` dispatches to kernel backends (`bound_backends`)
+    uses_backends: bool = False
 
     def supports(self, rule) -> tuple[bool, str]:
         return True, ""
@@ -33,9 +35,13 @@ class Strategy:
     def bind(self, registry=None) -> "Strategy":
         """Resolve what this strategy needs from the registry (its kernel backends) once, when a
         rule or layer binds it; a call then makes no registry lookup."""
-        from ..backends import bind_backends
+        if self.uses_backends:
+            from ..backends import bind_backends
 
-        self._backends = bind_backends(self.name, getattr(getattr(self, "params", None), "backend", None), registry)
+            requested = getattr(getattr(self, "params", None), "backend", None)
+            self._backends = bind_backends(self.name, requested, registry)
+        else:
+            self._backends = False  # bound: nothing to look up
         return self
 
     def bound_backends(self):

@@ -192,6 +192,7 @@ def _chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> d
 
 class Chunkwise(Strategy):
     name = "core:chunkwise"
+    uses_backends = True
 
     def __init__(self, params: ChunkwiseParams | None = None) -> None:
         self.params = params or ChunkwiseParams()

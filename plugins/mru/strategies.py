@@ -46,6 +46,8 @@ class MRUScan(Strategy):
             )
         return True, ""
 
+    uses_backends = True
+
     def run(self, rule: MRURule, inputs):
         backend = self.bound_backends().select(self, rule, inputs)
         if backend is not None:
