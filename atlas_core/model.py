@@ -147,6 +147,6 @@ def build_model(spec: Any, *, registry=None) -> MemoryLM:
     arch = model_table.pop("arch")
     comp = registry.get("arch", arch, "model.arch")
     params = comp.validate(model_table, "model")
-    model = comp.load_factory()(params, BuildContext(registry, "model", {"spec": resolved}))
+    model = comp.load_factory("model")(params, BuildContext(registry, "model", {"spec": resolved}))
     model.spec = resolved
     return model

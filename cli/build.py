@@ -31,12 +31,14 @@ def _report_rows(report: Any) -> list[dict[str, Any]]:
 
 
 def build_report(file: str, device: str = "cpu") -> dict[str, Any]:
+    from atlas_core.spec import load_spec
+
+    spec = load_spec(Path(file))  # first: a file that is no spec fails before torch loads
+
     import torch
 
     from atlas_core.model import build_model
-    from atlas_core.spec import load_spec
 
-    spec = load_spec(Path(file))
     log(f"building {spec.arch} from {file} on {device}")
     if device == "meta":
         with torch.device("meta"):

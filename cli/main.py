@@ -8,7 +8,8 @@ must be cheap to import (no torch at module level): every invocation imports all
 
 Plugins add commands only as ``typer.Typer`` sub-apps returned by their ``atlas_cli_apps`` hook;
 they are mounted after the built-in groups, and a name that is already taken is skipped (and
-reported by ``atlas plugins doctor``).
+reported by ``atlas plugins doctor``). A plugin command that raises an unexpected exception is
+reported as one line naming the plugin (its distribution, version and module), exit 1.
 
 Errors: a known error (bad spec, bad value, missing file) prints one line on stderr and exits 1;
 ``ATLAS_DEBUG=1`` shows the traceback. Usage errors exit 2.
@@ -16,10 +17,12 @@ Errors: a known error (bad spec, bad value, missing file) prints one line on std
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Annotated, Optional
 
+import click
 import typer
 
 from .common import AtlasTyper, OutputFormat, debug, known_error, report, set_global_format
@@ -73,6 +76,54 @@ def _taken(app: typer.Typer) -> set[str]:
     return names
 
 
+def _plugin_guard(fn, command: str, origin: str):
+    """``fn`` (a plugin command's callback) with its unexpected exceptions turned into one
+    `PluginError` naming the plugin: the user did nothing wrong and needs to know whose bug it
+    is, not a traceback of its code. Known errors (bad input) and click's own exits pass."""
+    if not callable(fn) or getattr(fn, "_atlas_plugin_guard", False):
+        # None or typer's DefaultPlaceholder (no callback); or an app that another make_app()
+        # mounted, wrapped already
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.exceptions.ClickException):
+            raise
+        except Exception as exc:  # noqa: BLE001 - sorted into known and unknown below
+            if debug() or known_error(exc):
+                raise
+            from atlas_core.errors import PluginError
+
+            text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+            raise PluginError(
+                f"`atlas {command}` of {origin} failed ({text}); this is a bug in the plugin: "
+                "report it to its authors (`atlas plugins doctor` names them), ATLAS_DEBUG=1 "
+                "shows the traceback"
+            ) from exc
+
+    wrapper._atlas_plugin_guard = True
+    return wrapper
+
+
+def _guard_plugin_app(sub: typer.Typer, command: str, origin: str) -> None:
+    """Wrap every callback of a plugin's sub-app (its commands, nested groups, group callbacks)."""
+    for info in (sub.registered_callback, sub.info):
+        if info is not None and callable(getattr(info, "callback", None)):
+            info.callback = _plugin_guard(info.callback, command, origin)
+    for cmd in sub.registered_commands:
+        name = cmd.name or (cmd.callback.__name__.replace("_", "-") if cmd.callback else "?")
+        cmd.callback = _plugin_guard(cmd.callback, f"{command} {name}", origin)
+    for group in sub.registered_groups:
+        inner = group.typer_instance
+        if inner is not None:
+            name = group.name or inner.info.name or "?"
+            if callable(getattr(group, "callback", None)):
+                group.callback = _plugin_guard(group.callback, f"{command} {name}", origin)
+            _guard_plugin_app(inner, f"{command} {name}", origin)
+
+
 def _mount_plugin_apps(app: typer.Typer) -> None:
     from .plugins import SKIPPED_APPS
 
@@ -80,7 +131,8 @@ def _mount_plugin_apps(app: typer.Typer) -> None:
     try:
         from atlas_core.host.manager import get_host
 
-        items = get_host().cli_apps()
+        host = get_host()
+        items = host.cli_apps()
     except Exception:  # noqa: BLE001 - a broken host must not break the CLI; commands re-raise
         return
     for item in items:
@@ -93,6 +145,10 @@ def _mount_plugin_apps(app: typer.Typer) -> None:
             SKIPPED_APPS.append({"name": str(name), "namespace": namespace,
                                  "reason": f"not a typer.Typer but {type(sub).__name__}"})
             continue
+        rec = host.records.get(namespace)
+        origin = (f"plugin {namespace!r} ({rec.distribution} {rec.version}, {rec.module})"
+                  if rec is not None else f"plugin {namespace!r}")
+        _guard_plugin_app(sub, str(name), origin)
         app.add_typer(sub, name=name, help=f"(from plugin {namespace})")
 
 

@@ -26,7 +26,8 @@ import typer
 from .common import FormatOption, emit, examples, out_console
 
 EPILOG = examples("atlas plugins new acme", "atlas plugins new acme --dir ~/src")
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# used with fullmatch: `$` also matches before a final newline, which "acme\n" would pass
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 RESERVED = {"core", "atlas", "test", "tests"}
 
 PYPROJECT = """\
@@ -154,7 +155,7 @@ Use it in a spec: `bias = {{ use = "{name}:scaled_l2", scale = 0.5 }}`.
 
 def scaffold(name: str, directory: Path) -> tuple[Path, list[Path]]:
     """Write the package; returns (its folder, the files written). Refuses to overwrite."""
-    if not isinstance(name, str) or not _NAME.match(name) or keyword.iskeyword(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ValueError(
             f"plugin name {name!r} must be a lowercase identifier (letters, digits, underscores, "
             "starting with a letter), e.g. 'acme' or 'my_rules'"

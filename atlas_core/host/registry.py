@@ -7,7 +7,9 @@ always right and two plugins can never silently shadow each other.
 
 Factories are called as ``factory(params, ctx)`` where ``params`` is the validated params model
 (or None when the component takes none) and ``ctx`` a `BuildContext` that can build nested
-components (an Omega window builds its inner bias this way).
+components (an Omega window builds its inner bias this way). A factory or params model that does
+not import, and a factory that raises anything but an `AtlasError` or a ValueError, is one
+`PluginError` that names the component and its plugin (`Component.load_factory`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class Provider:
 CORE_PROVIDER = Provider("core", "atlas-memory", "0", "atlas_core.components.plugin")
 
 
+def _first_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _load(ref: Any) -> Any:
     """Resolve a ``"module:attribute"`` string (plugin-internal only, never from a spec)."""
     if not isinstance(ref, str):
@@ -93,15 +100,58 @@ class Component:
     def namespace(self) -> str:
         return self.name.split(":", 1)[0]
 
-    def load_factory(self) -> Callable:
-        return _load(self.factory)
+    def origin(self) -> str:
+        """``core:l2 (bias) of plugin 'core' (atlas-memory 0.1.0, atlas_core.components.plugin)``:
+        who to blame when the component fails."""
+        p = self.provider
+        return (f"{self.name} ({self.kind}) of plugin {p.namespace!r} ({p.distribution} "
+                f"{p.version}, {p.module})")
 
-    def load_params(self) -> type[BaseModel] | None:
-        return _load(self.params) if self.params is not None else None
+    def _import(self, ref: Any, what: str, where: str = "") -> Any:
+        try:
+            return _load(ref)
+        except Exception as exc:  # noqa: BLE001 - a plugin's module may raise anything
+            at = f", needed at {where}," if where else ""
+            raise PluginError(
+                f"{self.origin()}: its {what} {ref!r}{at} does not import ({_first_line(exc)}); "
+                f"reinstall or fix the plugin (`atlas check {self.provider.namespace}` tests "
+                f"it), or use another {self.kind}"
+            ) from exc
+
+    def load_factory(self, where: str = "") -> Callable:
+        """The factory, called as ``factory(params, ctx)``. A factory that does not import is a
+        `PluginError` naming the plugin; so is one that raises anything but an `AtlasError` or a
+        ValueError (the ways a factory refuses its params), which would otherwise reach the
+        user as a traceback of someone else's code. ``where``: the spec path it is built for."""
+        factory = self._import(self.factory, "factory", where)
+        if not callable(factory):
+            return factory  # the conformance kit reports it; calling it fails below anyway
+        comp = self
+
+        def build(params: Any, ctx: Any) -> Any:
+            try:
+                return factory(params, ctx)
+            except (AtlasError, ValueError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - a plugin's factory may raise anything
+                where = getattr(ctx, "path", "")
+                raise PluginError(
+                    f"{comp.origin()} failed while building{f' {where}' if where else ''} "
+                    f"({_first_line(exc)}); this is a bug in the plugin: report it to its "
+                    f"authors, or use another {comp.kind} (ATLAS_DEBUG=1 shows the traceback)"
+                ) from exc
+
+        build.__wrapped__ = factory  # type: ignore[attr-defined]
+        build.__name__ = getattr(factory, "__name__", "build")
+        build.__doc__ = getattr(factory, "__doc__", None)
+        return build
+
+    def load_params(self, where: str = "") -> type[BaseModel] | None:
+        return self._import(self.params, "params model", where) if self.params is not None else None
 
     def validate(self, raw: Mapping[str, Any], path: str = "") -> BaseModel | None:
         """Validate raw params; raises SpecError with every issue at its dotted path."""
-        model = self.load_params()
+        model = self.load_params(path)
         if model is None:
             if raw:
                 keys = ", ".join(sorted(raw))
@@ -310,7 +360,7 @@ class Registry:
         except SpecError as exc:
             raise SpecError(exc.issues + self._nested_issues(comp, raw, path, exc.issues, options)) from None
         ctx = BuildContext(self, path, dict(options or {}))
-        return comp.load_factory()(params, ctx)
+        return comp.load_factory(path)(params, ctx)
 
 
     def _nested_issues(self, comp: Component, raw: Mapping[str, Any], path: str,

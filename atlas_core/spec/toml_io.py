@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from ..errors import Issue, SpecError
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _LOCATION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
@@ -68,16 +68,21 @@ def loads(text: str, source: str = "<string>") -> dict[str, Any]:
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read and parse a TOML file, with errors that name the file."""
+    """Read and parse a TOML file, with errors that name the file.
+
+    The file must be a regular file of at most `SPEC_FILE_LIMIT` bytes (1 MiB), read with
+    bounded memory: a device, a FIFO or a huge file is one error, not a hang (`safe_files`)."""
+    from ..safe_files import SPEC_FILE_LIMIT, FileRefusedError, read_bounded_text
+
     p = Path(path)
     if not p.exists():
         raise SpecFileError(str(p), "no such file", hint="check the path")
     if p.is_dir():
         raise SpecFileError(str(p), "is a directory, not a spec file", hint="pass a .toml file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecFileError(str(p), f"cannot be read: {exc}") from None
+        text = read_bounded_text(p, SPEC_FILE_LIMIT, fix="pass a spec file (.toml, at most 1 MiB)")
+    except FileRefusedError as exc:
+        raise SpecFileError(exc.path, exc.problem, hint=exc.fix) from None
     return loads(text, str(p))
 
 
@@ -85,7 +90,8 @@ def load_file(path: str | Path) -> dict[str, Any]:
 def _key(key: Any) -> str:
     if not isinstance(key, str):
         raise TypeError(f"TOML keys must be strings, got {key!r}")
-    return key if _BARE_KEY.match(key) else _string(key)
+    # fullmatch: `$` would also match before a final newline, and "a\n" is no bare key
+    return key if _BARE_KEY.fullmatch(key) else _string(key)
 
 
 def _string(s: str) -> str:

@@ -27,8 +27,14 @@ class TextCodec:
         text = (meta or {}).get("text")
         if not text:
             return None
-        vocab = text.get("vocab")
-        return cls(text["mode"], tuple(vocab) if vocab is not None else None)
+        # checked here: the entry comes from a file, and a bad one must be one clear error
+        mode = text.get("mode") if isinstance(text, Mapping) else None
+        vocab = text.get("vocab") if isinstance(text, Mapping) else None
+        if mode not in ("byte", "char") or (mode == "char" and not (
+                isinstance(vocab, list) and all(isinstance(c, str) and len(c) == 1 for c in vocab))):
+            raise ValueError("task.text must be {mode = 'byte'} or {mode = 'char', vocab = [one "
+                             "character per id]}")
+        return cls(mode, tuple(vocab) if vocab is not None else None)
 
     def encode(self, text: str) -> list[int]:
         if self.mode == "byte":

@@ -70,6 +70,41 @@ def build_task(task: Any, model_vocab: int, seq_len: int | None = None, registry
     return built
 
 
+_FILE_SUFFIXES = ("_path", "_file", "_dir")
+
+
+def file_params(name: str, registry=None, path: str = "--task") -> tuple[str, ...]:
+    """The params of task ``name`` that name local files to read.
+
+    A field says so with ``Field(json_schema_extra={"reads_file": True})`` (the text task's
+    ``path``); for tasks that do not mark theirs, a field named ``path`` or ``file``, or ending in
+    ``_path``, ``_file`` or ``_dir``, counts too. A checkpoint's values for these are never used
+    (`without_file_params`): a file from elsewhere must not choose which local files a command
+    reads, or ``atlas eval`` would read any path a forged ``meta.json`` names.
+    """
+    if registry is None:
+        from ..host.manager import get_registry
+
+        registry = get_registry()
+    model = registry.get("task", name, path).load_params()
+    out = []
+    for key, info in getattr(model, "model_fields", {}).items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if extra.get("reads_file") or key in ("path", "file") or key.endswith(_FILE_SUFFIXES):
+            out.append(key)
+    return tuple(out)
+
+
+def without_file_params(name: str, params: Mapping[str, Any], registry=None,
+                        path: str = "--task") -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(kept, dropped)``: ``params`` of task ``name`` split into the ones that name no file and
+    the ones that do (`file_params`)."""
+    files = set(file_params(name, registry, path))
+    kept = {k: v for k, v in params.items() if k not in files}
+    dropped = {k: v for k, v in params.items() if k in files}
+    return kept, dropped
+
+
 def held_out(task: Task) -> Task:
     """The task to evaluate a trained model on: a text task's ``val`` split when it has one."""
     p = task.params

@@ -7,6 +7,9 @@ Task selection for evaluation (`eval_task`):
 - no task: the training task, with the training params (vocab size and length included);
 - the training task's name, optionally with params: the training params updated with them (e.g.
   ``{use = "mqar", num_pairs = 16, seq_len = 128}`` to test longer recall);
+- in both, the params that name files (a text task's ``path``, see `file_params`) are never taken
+  from the checkpoint: the user names them (``--task '{use = "text", path = "data.txt"}'``), so a
+  forged ``meta.json`` cannot make ``atlas eval`` read a local file;
 - another task: its defaults, with ``vocab_size`` from the model.
 A text task is evaluated on its held-out split; in char mode its vocabulary must be the
 checkpoint's (otherwise ids would mean other characters).
@@ -21,9 +24,10 @@ import torch
 
 from ..errors import Issue, SpecError
 from ..host.registry import split_use
-from .checkpoint import Checkpoint, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError
+from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
 from .codec import TextCodec
-from .evaluate import build_task, evaluate, held_out
+from .evaluate import build_task, evaluate, held_out, without_file_params
 from .setup import resolve_device
 
 
@@ -47,34 +51,65 @@ def open_checkpoint(path: str, device: str = "auto") -> tuple[Checkpoint, torch.
     """``(checkpoint, model with its weights in eval mode, device)``."""
     from ..model import build_model
 
-    ckpt = load_checkpoint(path)
+    ckpt = checked_load_checkpoint(path)
+    check_weights_fit(ckpt)  # before the model is allocated: the spec could ask for any size
     dev = resolve_device(device)
     model = build_model(ckpt.spec)
     ckpt.load_model(model)
     return ckpt, model.to(dev).eval(), dev
 
 
+def _trained_task(ckpt: Checkpoint) -> dict[str, Any]:
+    """``meta["task"]`` of ``ckpt`` as a mapping with a mapping ``params`` (a forged or damaged
+    ``meta.json`` is one `CheckpointError`, not a TypeError deep in the task code)."""
+    meta = ckpt.meta if isinstance(ckpt.meta, dict) else {}
+    trained = meta.get("task") or {}
+    if (not isinstance(trained, dict) or not isinstance(trained.get("params", {}), dict)
+            or not isinstance(trained.get("use", ""), (str, type(None)))):
+        raise CheckpointError(f"{ckpt.path / 'meta.json'}: 'task' is not a table with a task "
+                              "name 'use' and a 'params' table; use an earlier checkpoint")
+    return trained
+
+
+def _codec(ckpt: Checkpoint) -> TextCodec | None:
+    trained = _trained_task(ckpt)
+    try:
+        return TextCodec.from_task_meta(trained)
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt.path / 'meta.json'}: {exc}; use an earlier checkpoint") from None
+
+
 def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     """The task to evaluate ``ckpt`` on (see the module docstring)."""
-    from .params import resolve_task
-
     vocab = int(ckpt.spec.model.get("vocab_size", 0))
-    trained = ckpt.meta.get("task") or {}
+    trained = _trained_task(ckpt)
     trained_use = trained.get("use")
     if task is None:
-        table = {"use": trained_use, **trained.get("params", {})}
+        name, raw = trained_use, {}
     else:
+        from .params import resolve_task
+
         resolved = resolve_task(task, "--task")  # unknown names get a suggestion
         name, raw = split_use(resolved, "--task")
-        if name == trained_use:
-            table = {"use": name, **trained.get("params", {}), **raw}
-        else:
-            table = {"use": name, **raw}
-    if table.get("use") is None:
+    if name is None:
         raise SpecError([Issue("--task", "the checkpoint records no task; name one", None,
                                "e.g. --task mqar")])
+    if name == trained_use:
+        # The training params, except the files they name: those only from the command line.
+        kept, dropped = without_file_params(name, trained.get("params", {}))
+        table = {"use": name, **kept, **raw}
+        unnamed = sorted(k for k in dropped if k not in raw)
+        if unnamed:
+            key = unnamed[0]
+            raise SpecError([Issue(
+                "--task", f"the checkpoint was trained on {name} with {key} = {dropped[key]!r}, "
+                "and a checkpoint cannot choose which local files are read", None,
+                f"name the file yourself: --task '{{use = \"{name}\", {key} = \"FILE\"}}' (the "
+                "other training params are kept)")])
+    else:
+        table = {"use": name, **raw}
     built = held_out(build_task(table, vocab, seq_len, path="--task"))
-    codec = TextCodec.from_task_meta(trained)
+    codec = _codec(ckpt)
     if getattr(built, "name", "") == "text" and built.params.mode == "char":
         if codec is None or codec.vocab != tuple(built.vocab):
             raise SpecError([Issue(
@@ -111,10 +146,10 @@ def generate_from_checkpoint(
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of --prompt TEXT or --prompt-ids IDS")
     ckpt, model, dev = open_checkpoint(path, device)
-    codec = TextCodec.from_task_meta(ckpt.meta.get("task"))
+    codec = _codec(ckpt)
     if prompt is not None:
         if codec is None:
-            task = (ckpt.meta.get("task") or {}).get("use", "?")
+            task = _trained_task(ckpt).get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids, not text; pass "
                 "--prompt-ids, e.g. --prompt-ids '3 17 5'"

@@ -47,17 +47,35 @@ class MetricsLog:
             fh.write(json.dumps(record) + "\n")
 
 
+# A record is a few hundred bytes; a longer line means the file is not a metrics log.
+MAX_LINE = 1 << 20
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics file (a truncated last line, from a killed run, is skipped)."""
+    """The records of a metrics file (a truncated last line, from a killed run, is skipped).
+
+    Read line by line, each line at most `MAX_LINE` bytes: a run directory can come from
+    elsewhere, and a ``metrics.jsonl`` that is a device or a 10 GB sparse file of zeros (one
+    endless line) must be one error, not a read of the whole file into memory."""
+    from ..safe_files import FileRefusedError, check_regular_file, format_size
+
+    fix = "give the run directory of an `atlas train` run, or remove the file"
+    check_regular_file(path, fix=fix)
     out = []
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(iter(lambda: fh.readline(MAX_LINE + 1), b""), 1):
+            if len(raw) > MAX_LINE:
+                raise FileRefusedError(str(path), f"line {number} is over {format_size(MAX_LINE)}, "
+                                       "so this is not a metrics log", fix)
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:  # UnicodeDecodeError included
+                continue
+            if isinstance(record, dict):  # readers call record.get(...)
+                out.append(record)
     return out
 
 

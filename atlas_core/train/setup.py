@@ -8,7 +8,8 @@ length the task does not allow). Nothing is written until the plan is complete.
 
 Rules:
 - without a spec, ``atlas train`` uses the embedded default (`DEFAULT_SPEC`, a small MQAR run), or,
-  with ``--resume``, the spec saved in the checkpoint;
+  with ``--resume``, the spec saved in the checkpoint, unless its task reads a file (a text task's
+  ``path``): a checkpoint cannot choose which local files are read, so that resume takes a SPEC;
 - ``--steps``, ``--seed``, ``--device`` override ``[train]`` and are saved in the resolved spec;
 - resuming with a spec requires the same model (``model``, ``memory``, ``layer``: the
   `arch_hash`); the ``[train]`` table may differ (e.g. more steps);
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AtlasError, Issue, SpecError
-from .checkpoint import Checkpoint, CheckpointError, _complete_steps, arch_hash, load_checkpoint
+from .checkpoint import Checkpoint, CheckpointError, _complete_steps, arch_hash
+from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
 from .metrics import METRICS_FILE
 from .params import TrainParams, train_params
 
@@ -143,11 +145,32 @@ def _fresh_run_dir(out: str | None, name: str) -> Path:
     return d
 
 
+def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
+    """A checkpoint's own spec may not choose the local files a run reads (a text task's
+    ``path``): resuming such a run takes a SPEC named on the command line."""
+    from ..host.registry import split_use
+    from .evaluate import without_file_params
+
+    task = (spec.train or {}).get("task")
+    if task is None:
+        return
+    name, raw = split_use(task, "train.task")
+    _, files = without_file_params(name, raw, path="train.task")
+    if files:
+        key = sorted(files)[0]
+        raise CheckpointError(
+            f"{source}: its [train] task reads {key} = {files[key]!r}, and a checkpoint cannot "
+            f"choose which local files are read; resume with a spec you name: check that file's "
+            f"[train] task, then run atlas train {source} --resume {resume}"
+        )
+
+
 def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
     """Check every input and decide the run (see the module docstring)."""
-    ckpt = load_checkpoint(opts.resume) if opts.resume else None
+    ckpt = checked_load_checkpoint(opts.resume) if opts.resume else None
     if opts.spec is None and ckpt is not None:
         spec, source = ckpt.spec, str(ckpt.path / "spec.toml")
+        _refuse_stored_files(spec, source, opts.resume)
     else:
         spec, source = _load(opts.spec)
     if ckpt is not None and arch_hash(spec) != ckpt.manifest.get("arch_hash"):
@@ -156,6 +179,8 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
             f"({spec_difference(spec, ckpt.spec)}); resume with the checkpoint's own spec (omit "
             "SPEC) or start a new run"
         )
+    if ckpt is not None:
+        check_weights_fit(ckpt)  # before the trainer allocates the model the spec describes
     train = dict(spec.train) if spec.train is not None else {}
     for key, value in (("steps", opts.steps), ("seed", opts.seed), ("device", opts.device)):
         if value is not None:

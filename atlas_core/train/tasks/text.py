@@ -28,7 +28,9 @@ from .base import Task, TaskDataError, TaskFileNotFoundError
 
 
 class TextParams(Params):
-    path: str = Field(..., min_length=1, description="the text file (relative to the cwd)")
+    # reads_file: a checkpoint's value is never reused without the user naming it (`file_params`)
+    path: str = Field(..., min_length=1, description="the text file (relative to the cwd)",
+                      json_schema_extra={"reads_file": True})
     mode: Literal["byte", "char"] = Field("byte", description="byte (256 ids) or char tokens")
     seq_len: int = Field(256, ge=1, description="T, tokens per window")
     split: Literal["train", "val", "all"] = Field("train", description="which part of the file")
