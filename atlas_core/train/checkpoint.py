@@ -67,13 +67,14 @@ import torch
 from torch import nn
 
 from ..errors import AtlasError
+from ..safe_files import FileRefusedError, check_regular_file, read_bounded
 
 FORMAT = "atlas-checkpoint/1"
 MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+_STEP_DIR = re.compile(r"^step-(\d+)\Z")
 # Temporary directories of a save: .partial (being written), .old (a re-saved step's previous
 # copy, moved aside), .trash (a pruned checkpoint being deleted).
-_TEMP_DIR = re.compile(r"^\.step-(\d+)\.(partial|old|trash)-\d+$")
+_TEMP_DIR = re.compile(r"^\.step-(\d+)\.(partial|old|trash)-\d+\Z")
 _MANIFEST_LIMIT = 16 << 20  # a manifest is a few hundred bytes; a larger one is not ours
 _NEEDED = ("model.safetensors", "optimizer.safetensors", "state.safetensors", "meta.json",
            "spec.toml")
@@ -346,14 +347,19 @@ def find_checkpoint(path: str | Path) -> Path:
                 return copy
         raise CheckpointError(f"no checkpoint at {str(p)!r}: the path does not exist")
     if p.is_file():
-        if p.parent.joinpath(MANIFEST).exists():
+        if p.parent.joinpath(MANIFEST).is_file():
             return p.parent
         raise CheckpointError(
             f"{str(p)!r} is a file, not a checkpoint; give a checkpoint directory (one holding "
             f"{MANIFEST}) or a run directory"
         )
-    if (p / MANIFEST).exists():
+    if (p / MANIFEST).is_file():
         return p
+    if (p / MANIFEST).exists():  # a device, FIFO or directory under the manifest's name
+        try:
+            check_regular_file(p / MANIFEST, fix="give a checkpoint directory written by `atlas train`")
+        except FileRefusedError as exc:
+            raise CheckpointError(str(exc)) from None
     for root in (p / "checkpoints", p):
         latest = latest_checkpoint(root)
         if latest is not None:
@@ -425,14 +431,22 @@ def _read_verified(ckpt: Path, name: str, entry: Any) -> bytes:
     f = ckpt / name
     if not isinstance(entry, dict) or "bytes" not in entry or "sha256" not in entry:
         raise CheckpointError(f"{ckpt / MANIFEST}: malformed entry for {name!r}")
-    if not f.is_file():
-        raise CheckpointError(f"{f}: missing (listed in {MANIFEST}); the checkpoint is incomplete")
-    data = f.read_bytes()
-    if len(data) != entry["bytes"]:
+    want = entry["bytes"]
+    if isinstance(want, bool) or not isinstance(want, int) or want < 0:
+        raise CheckpointError(f"{ckpt / MANIFEST}: malformed size for {name!r} ({want!r})")
+    size = _regular_size(f)
+    if size is None:
+        raise CheckpointError(f"{f}: missing or not a regular file (listed in {MANIFEST}); the "
+                              "checkpoint is incomplete")
+    if size != want:  # compared before a byte is read: a forged or huge file is never loaded
         raise CheckpointError(
-            f"{f}: truncated or altered ({len(data)} bytes, the manifest says {entry['bytes']}); "
+            f"{f}: truncated or altered ({size} bytes, the manifest says {want}); "
             "use an earlier checkpoint"
         )
+    try:
+        data = read_bounded(f, want)
+    except FileRefusedError as exc:
+        raise CheckpointError(str(exc)) from None
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise CheckpointError(f"{f}: corrupt (SHA-256 differs from the manifest); use an earlier checkpoint")
     return data
@@ -445,7 +459,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
     ckpt = find_checkpoint(path)
     try:
-        manifest = json.loads((ckpt / MANIFEST).read_text())
+        manifest = json.loads(read_bounded(ckpt / MANIFEST, _MANIFEST_LIMIT))
+    except FileRefusedError as exc:
+        raise CheckpointError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{ckpt / MANIFEST}: unreadable manifest ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
