@@ -196,20 +196,35 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
     from .evaluate import build_task
 
     task = build_task(params.task, int(spec.model.get("vocab_size", 0)), params.seq_len)
-    if ckpt is not None and params.steps <= ckpt.step:
-        raise CheckpointError(
-            f"the checkpoint {str(ckpt.path)!r} is at step {ckpt.step} and the run has "
-            f"steps = {params.steps}: nothing left to train; pass --steps N with N > {ckpt.step}"
-        )
     if ckpt is not None:
         cp = ckpt.path
         default_dir = cp.parent.parent if cp.parent.name == "checkpoints" else cp.parent
         run_dir = Path(opts.out).expanduser() if opts.out else default_dir
+        # a run stopped after its last step was saved (killed in or after the final save) still
+        # owes its final evaluation and end marker: resuming it trains no step and finishes it
+        unfinished = params.steps == ckpt.step and not _finished(run_dir)
+        if params.steps <= ckpt.step and not unfinished:
+            raise CheckpointError(
+                f"the checkpoint {str(ckpt.path)!r} is at step {ckpt.step} and the run has "
+                f"steps = {params.steps}: nothing left to train; pass --steps N with N > {ckpt.step}"
+            )
     elif opts.run_dir_checked and opts.out:
         run_dir = Path(opts.out)
     else:
         run_dir = _fresh_run_dir(opts.out, spec.name)
     return Plan(spec, params, run_dir, device, ckpt, source, task)
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` wrote its end marker (its metrics log says it finished)."""
+    from .metrics import read_metrics
+
+    from .metrics import METRICS_FILE
+
+    log = run_dir / METRICS_FILE
+    if not log.is_file():
+        return False
+    return any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
 
 
 def worker_options(opts: TrainOptions, plan: Plan) -> TrainOptions:

@@ -190,8 +190,9 @@ def test_a_kill_at_any_point_of_a_save_loses_nothing(atlas, reference, tmp_path,
         if expected == STEPS:  # the last step: these are already the final weights
             _assert_same(state, reference[STEPS])
 
-    # --resume continues; a checkpoint of the last step is continued to step 5.
-    target = 5 if expected == STEPS else STEPS
+    # --resume continues; a run whose last step was saved (killed in the final save) is finished:
+    # no step is trained, the final evaluation and end marker are written
+    target = STEPS
     args = ["train", "--resume", run, "--no-progress", "--format", "json"]
     code, out = atlas(args + (["--steps", target] if target != STEPS else []), tmp_path)
     assert code == 0, out
@@ -261,3 +262,12 @@ def test_a_bad_kill_point_is_one_clear_error(atlas, tmp_path, value):
     lines = out.strip().splitlines()
     assert lines[-1].startswith("error: ") and f"{KILL_ENV}={value!r}" in lines[-1], out
     assert "begin, files, manifest, rename, swap, prune" in lines[-1]
+
+
+def test_resuming_a_finished_run_is_refused(atlas, tmp_path):
+    """Only a run that did not write its end marker is finished by a plain ``--resume``."""
+    run = tmp_path / "run"
+    code, out = atlas(["train", _spec(tmp_path, 1), "--out", run, "--no-progress"], tmp_path)
+    assert code == 0, out
+    code, out = atlas(["train", "--resume", run, "--no-progress"], tmp_path)
+    assert code != 0 and "nothing left to train" in out
