@@ -373,7 +373,13 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
             return opts, None
         note = (f"{d} holds no checkpoint (the run stopped before its first one): starting it "
                 "again from step 0")
-        spec = opts.spec if opts.spec is not None else str(d / "spec.toml")
+        spec = opts.spec
+        if spec is None:  # the run's own spec may not choose the local files it reads either
+            from ..spec import load_spec
+            from .setup import _refuse_stored_files
+
+            spec = str(d / "spec.toml")
+            _refuse_stored_files(load_spec(spec), spec, str(d))
         opts = dataclasses.replace(opts, resume=None, spec=spec)
         if opts.out is None or Path(opts.out).expanduser().resolve() == d.resolve():
             return dataclasses.replace(opts, out=str(d), run_dir_checked=True), note

@@ -271,3 +271,24 @@ def test_resuming_a_finished_run_is_refused(atlas, tmp_path):
     assert code == 0, out
     code, out = atlas(["train", "--resume", run, "--no-progress"], tmp_path)
     assert code != 0 and "nothing left to train" in out
+
+
+def test_restarting_an_unsaved_run_does_not_let_its_spec_choose_a_file(atlas, tmp_path):
+    """A run killed before its first checkpoint restarts from its own spec.toml, except when that
+    spec reads a local file: like a checkpoint's spec, it may not choose which file is read."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+    data = copy.deepcopy(TINY)
+    data["model"]["vocab_size"] = 256
+    data["train"].update(task={"use": "text", "path": str(text), "seq_len": 16}, steps=STEPS,
+                         checkpoint_every=2, eval_every=0, eval_batches=1)
+    spec = tmp_path / "text.toml"
+    spec.write_text(dump_toml(data))
+    run = tmp_path / "run"
+    code, out = atlas(["train", spec, "--out", run, "--no-progress"], tmp_path, {KILL_ENV: "manifest:1"})
+    assert code == -signal.SIGKILL, out
+    code, out = atlas(["train", "--resume", run, "--no-progress"], tmp_path)
+    assert code == 1 and "cannot choose which local files are read" in out, out
+    assert "Traceback" not in out
+    code, out = atlas(["train", spec, "--resume", run, "--no-progress"], tmp_path)  # named: fine
+    assert code == 0, out
