@@ -1,8 +1,11 @@
-"""Checks that compare a run with its reference: strategies, state carry, gradients, reductions.
+"""Checks that compare a run with its reference: strategies, state carry, split calls, gradients,
+reductions.
 
-The reference of a strategy variant is ``core:sequential`` for chunk size 1 (and for strategies
-without a chunk size, or declaring ``"exact"``), and the rule's anchored reference loop
-``rule.reference(inputs, anchor_every=C)`` for chunk size C > 1 (MATH.md, "Parallel forms").
+There is one reference: ``core:sequential`` on the same rule (the rule's function; docs/math.md).
+A strategy variant runs either on the rule as given or, when the strategy refuses a chunk size
+there, on the same rule rebuilt with ``anchor = 2 * C`` (`subject.Variant.anchor`); its reference
+is then ``core:sequential`` on that rebuilt rule. Chunk size 1 is compared to rounding ("exact"
+tolerance), larger chunks at the "chunked" tolerance (another summation order).
 Every comparison starts from a realistic non-zero state (the state after 3 random tokens) as well
 as from the empty one, so initial-state handling is covered.
 """
@@ -25,10 +28,9 @@ def _dtype():
 
 
 def _nums(subject, variant, dtype=None, B=None, T=None, **extra):
-    ref = "core:sequential" if variant.ref == "sequential" else f"anchored reference (anchor_every={variant.chunk})"
     return {
-        "strategy": variant.label,
-        "reference": ref,
+        "strategy": variant.title,
+        "reference": variant.reference_title,
         "dtype": str(dtype or _dtype()).replace("torch.", ""),
         "sizes": subject.sizes_text(B, T),
         **extra,
@@ -36,7 +38,7 @@ def _nums(subject, variant, dtype=None, B=None, T=None, **extra):
 
 
 def _tol(variant: Variant) -> float:
-    return CONFIG.tolerance("exact" if variant.ref == "sequential" and (variant.chunk or 1) == 1 else "chunked")
+    return CONFIG.tolerance("exact" if (variant.chunk or 1) == 1 else "chunked")
 
 
 def _not_reference(subject) -> bool:
@@ -58,23 +60,41 @@ def _compared_variants(subject, rule) -> list[Variant]:
 
 @register(
     "check_strategies_match_sequential",
-    "every registered strategy that supports a rule computes what core:sequential computes: exactly "
-    "(to rounding) at chunk size 1, and the anchored reference rule.reference(inputs, anchor_every=C) "
-    "at chunk size C > 1; outputs and final state, from an empty and from a non-zero state.",
+    "every registered strategy that accepts a rule computes what core:sequential computes on that "
+    "rule: chunk size 1 on the rule as given (to rounding), and chunk size 3 on the rule as given "
+    "when the strategy accepts it there, else on the same rule rebuilt with anchor = 6; outputs "
+    "and final state, from an empty and from a non-zero state.",
     RULE_BEARING,
     applies=_not_reference,
 )
 def check_strategies_match_sequential(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=_dtype())
-    warm = subject.warm_state(rule)
     for variant in _compared_variants(subject, rule):
+        warm = subject.warm_state(rule, variant)
         flat = subject.inputs(rule)
         for start, state in (("empty", None), ("non-zero", warm)):
             got = subject.run(rule, flat, variant, state=state)
             want = subject.run(rule, flat, variant, state=state, reference=True)
-            I.compare(got, want, _tol(variant), f"{variant.label} differs from its reference ({start} initial state)",
+            I.compare(got, want, _tol(variant),
+                      f"{variant.title} differs from {variant.reference_title} ({start} initial state)",
                       **_nums(subject, variant))
+
+
+def _join(parts: list[dict]) -> dict:
+    """Calls run one after the other -> one result: outputs concatenated, the last state."""
+    return {"y": torch.cat([p["y"] for p in parts], dim=1), **{k: x for k, x in parts[-1].items() if k != "y"}}
+
+
+def _run_split(subject, rule, flat, variant, state, cuts) -> dict:
+    """``flat`` run as consecutive calls cut at ``cuts``, each given the state the last returned."""
+    bounds = [0, *cuts, None]
+    parts, st = [], state
+    for a, b in zip(bounds, bounds[1:]):
+        out = subject.run(rule, I.time_slice(flat, a, b), variant, state=st)
+        parts.append(out)
+        st = I.state_of(out)
+    return _join(parts)
 
 
 @register(
@@ -86,20 +106,61 @@ def check_strategies_match_sequential(subject) -> None:
 def check_state_carry(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=_dtype())
-    warm = subject.warm_state(rule)
     for variant in subject.run_variants(rule):
+        warm = subject.warm_state(rule, variant)
         flat = subject.inputs(rule)
         cut = variant.chunk if variant.chunk and variant.chunk > 1 else 3
         whole = subject.run(rule, flat, variant, state=warm)
-        a = subject.run(rule, I.time_slice(flat, 0, cut), variant, state=warm)
-        b = subject.run(rule, I.time_slice(flat, cut, None), variant, state=I.state_of(a))
-        joined = {"y": torch.cat([a["y"], b["y"]], dim=1), **{k: x for k, x in b.items() if k != "y"}}
+        joined = _run_split(subject, rule, flat, variant, warm, (cut,))
         I.compare(joined, whole, CONFIG.tolerance("exact"),
-                  f"two calls split at token {cut} differ from one call", **_nums(subject, variant, split=cut))
+                  f"{variant.title}: two calls split at token {cut} differ from one call",
+                  **_nums(subject, variant, split=cut, reference="one call under the same strategy"))
+
+
+# Where the split check cuts a call of T = 7 tokens: into 2 and into 3 calls, off every chunk
+# boundary of chunk size 3 (from the empty state, and from the non-zero state 3 tokens in).
+SPLITS = ((2,), (1, 5))
+
+
+def _splits(T: int) -> list[tuple[int, ...]]:
+    got = [c for c in SPLITS if all(0 < x < T for x in c)]
+    return got or ([(T // 2,)] if T > 1 else [])
+
+
+@register(
+    "check_split_calls",
+    "any split of a sequence into calls equals one call: T = 7 cut into 2 calls (at token 2) and "
+    "into 3 calls (at tokens 1 and 5), each given the state the last returned, off the chunk "
+    "boundaries, gives the outputs and final state of one call, under core:sequential and every "
+    "variant of check_strategies_match_sequential, from an empty and from a non-zero state.",
+    RULE_BEARING,
+)
+def check_split_calls(subject) -> None:
+    subject.require_buildable()
+    rule = subject.build_rule(dtype=_dtype())
+    if subject.kind == "strategy":
+        variants = [SEQUENTIAL] if subject.name == "core:sequential" else _compared_variants(subject, rule)
+    else:
+        variants = [SEQUENTIAL] + subject.variants(rule)[0]
+    T = subject.sizes()["T"]
+    for variant in variants:
+        warm = subject.warm_state(rule, variant)
+        flat = subject.inputs(rule)
+        for start, state in (("empty", None), ("non-zero", warm)):
+            whole = subject.run(rule, flat, variant, state=state)
+            for cuts in _splits(T):
+                joined = _run_split(subject, rule, flat, variant, state, cuts)
+                where = " and ".join(str(c) for c in cuts)
+                tokens = "tokens" if len(cuts) > 1 else "token"
+                I.compare(joined, whole, _tol(variant),
+                          f"{variant.title}: {len(cuts) + 1} calls cut at {tokens} {where} differ from one "
+                          f"call ({start} initial state)",
+                          **_nums(subject, variant, split=where, reference="one call under the same strategy"))
 
 
 def _loss_and_grads(subject, rule, flat, variant, state, *, reference=False):
-    """Gradients of a fixed random projection of (y, final state) w.r.t. every input and state."""
+    """Gradients of a fixed random projection of (y, final state) w.r.t. every input and state
+    tensor that takes part in gradients (`inputs.differentiable`: not an anchor position)."""
     x = I.leaves(flat)
     s = I.leaves(state) if state is not None else None
     out = subject.run(rule, x, variant, state=s, reference=reference)
@@ -117,14 +178,14 @@ def _loss_and_grads(subject, rule, flat, variant, state, *, reference=False):
 @register(
     "check_gradients_finite",
     "a backward pass through outputs and final state reaches every input (q, k, v, every gate, "
-    "every initial-state tensor) with finite gradients, under every strategy.",
+    "every initial-state tensor but an anchor position) with finite gradients, under every strategy.",
     RULE_BEARING,
 )
 def check_gradients_finite(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=_dtype())
-    warm = subject.warm_state(rule)
     for variant in subject.run_variants(rule):
+        warm = subject.warm_state(rule, variant)
         _, grads = _loss_and_grads(subject, rule, subject.inputs(rule), variant, warm)
         for name, g in grads.items():
             if g is None:
@@ -136,16 +197,17 @@ def check_gradients_finite(subject) -> None:
 
 @register(
     "check_gradients_match_reference",
-    "gradients through every strategy equal the gradients through its reference (core:sequential, "
-    "or the anchored reference for chunk size C > 1) for every input and initial-state tensor.",
+    "gradients through every strategy equal the gradients through core:sequential on the same "
+    "rule (the variants of check_strategies_match_sequential) for every input and initial-state "
+    "tensor.",
     RULE_BEARING,
     applies=_not_reference,
 )
 def check_gradients_match_reference(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=_dtype())
-    warm = subject.warm_state(rule)
     for variant in _compared_variants(subject, rule):
+        warm = subject.warm_state(rule, variant)
         flat = subject.inputs(rule)
         _, got = _loss_and_grads(subject, rule, flat, variant, warm)
         _, want = _loss_and_grads(subject, rule, flat, variant, warm, reference=True)
@@ -155,7 +217,8 @@ def check_gradients_match_reference(subject) -> None:
         keys = [k for k in want if want[k] is not None]
         tol = CONFIG.tolerance("grad")
         I.compare({k: got[k] for k in keys}, {k: want[k] for k in keys}, tol,
-                  f"gradients through {variant.label} differ from its reference", **_nums(subject, variant))
+                  f"gradients through {variant.title} differ from those through {variant.reference_title}",
+                  **_nums(subject, variant))
 
 
 TINY = {"B": 1, "T": 3, "H": 1, "Dk": 2, "Dv": 2}
@@ -164,32 +227,34 @@ TINY = {"B": 1, "T": 3, "H": 1, "Dk": 2, "Dv": 2}
 @register(
     "check_gradcheck_float64",
     "torch.autograd.gradcheck passes in float64 on tiny sizes (B=1, T=3, H=1, Dk=Dv=2) for every "
-    "strategy, w.r.t. every input and a non-zero initial state: the backward is the derivative of "
-    "the forward (fast mode: random projections of the Jacobian).",
+    "strategy, w.r.t. every input and a non-zero initial state (an anchor position is held fixed): "
+    "the backward is the derivative of the forward (fast mode: random projections of the Jacobian).",
     RULE_BEARING,
 )
 def check_gradcheck_float64(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=torch.float64, sizes=TINY)
-    warm = subject.warm_state(rule, B=1, dtype=torch.float64)
     for variant in subject.run_variants(rule):
+        warm = subject.warm_state(rule, variant, B=1, dtype=torch.float64)
         flat = subject.inputs(rule, B=1, T=TINY["T"], dtype=torch.float64)
-        names = list(flat) + [f"state.{k}" for k in warm]
-        tensors = [t.detach().clone().requires_grad_(True) for t in list(flat.values()) + list(warm.values())]
+        fixed = {k: x for k, x in warm.items() if not I.differentiable(k, x)}
+        varied = {k: x for k, x in warm.items() if k not in fixed}
+        names = list(flat) + [f"state.{k}" for k in varied]
+        tensors = [t.detach().clone().requires_grad_(True) for t in list(flat.values()) + list(varied.values())]
         n = len(flat)
 
         def f(*ts):
             x = dict(zip(names[:n], ts[:n]))
-            s = {k[len("state."):]: t for k, t in zip(names[n:], ts[n:])}
+            s = {**fixed, **{k[len("state."):]: t for k, t in zip(names[n:], ts[n:])}}
             out = subject.run(rule, x, variant, state=s)
-            return tuple(out[k] for k in sorted(out))
+            return tuple(out[k] for k in sorted(out) if I.differentiable(k, out[k]))
 
         try:
             torch.autograd.gradcheck(f, tensors, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
         except Exception as exc:  # noqa: BLE001 - GradcheckError or a crash in backward
             text = str(exc).strip().splitlines()
             raise Failure("gradcheck failed: " + " ".join(text[:6])[:600],
-                          strategy=variant.label, dtype="float64", sizes=" ".join(f"{k}={v}" for k, v in TINY.items()))
+                          strategy=variant.title, dtype="float64", sizes=" ".join(f"{k}={v}" for k, v in TINY.items()))
 
 
 @contextmanager
@@ -284,8 +349,8 @@ def check_backend_matches_reference(subject) -> None:
     scomp = subject.registry.get("strategy", strategy)
     fields = set(getattr(scomp.load_params(), "model_fields", {}) or {})
     base = {"use": scomp.name, **({"chunk_size": 3} if "chunk_size" in fields else {})}
-    kernel = Variant(f"{scomp.name}[{comp.name}]", base, "sequential")
-    torch_ref = Variant(f"{scomp.name}[torch]", base, "sequential")
+    kernel = Variant(f"{scomp.name}[{comp.name}]", base)
+    torch_ref = Variant(f"{scomp.name}[torch]", base)
     # kernels run in float32 (Triton's interpreter and most kernels have no float64 path)
     rule = subject.build_rule(dtype=torch.float32)
     flat = subject.inputs(rule, dtype=torch.float32)
@@ -295,7 +360,7 @@ def check_backend_matches_reference(subject) -> None:
         # force the backend through the strategy's `backend` param, or through ATLAS_BACKEND for
         # a strategy without one (the dispatcher reads it on every call)
         if "backend" in fields:
-            return fn(Variant(variant.label, {**variant.spec, "backend": which}, "sequential"))
+            return fn(Variant(variant.label, {**variant.spec, "backend": which}))
         with _forced_backend(which):
             return fn(variant)
 

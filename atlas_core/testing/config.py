@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 DTYPES = ("float64", "float32")
 
-# Tolerances per comparison dtype: (exact equivalence, anchored/chunked equivalence, gradients).
+# Tolerances per comparison dtype: (chunk size 1 against core:sequential, larger chunks against
+# core:sequential (another summation order), gradients, causality).
 TOLERANCES = {
     "float64": {"exact": 1e-10, "chunked": 1e-9, "grad": 1e-8, "causal": 1e-12},
     "float32": {"exact": 1e-5, "chunked": 1e-4, "grad": 1e-3, "causal": 1e-6},

@@ -120,9 +120,20 @@ def cast(flat: Mapping[str, torch.Tensor], dtype) -> dict:
     return {k: x.to(dtype) if x.is_floating_point() else x for k, x in flat.items()}
 
 
+# State entries that are counters, not values: an anchored rule's position inside its anchor block
+# (docs/math.md, "Anchoring as part of the rule"). No gradient flows to or from them, and gradcheck
+# must not perturb them (a position of 3 - 1e-6 is another position).
+DISCRETE_STATE = ("anchor.pos",)
+
+
+def differentiable(key: str, x: torch.Tensor) -> bool:
+    """Whether a call or state tensor takes part in gradients (``key`` without a ``state.`` prefix)."""
+    return x.is_floating_point() and key.removeprefix("state.") not in DISCRETE_STATE
+
+
 def leaves(flat: Mapping[str, torch.Tensor]) -> dict:
-    """Detached copies that require grad (floating-point tensors only)."""
-    return {k: x.detach().clone().requires_grad_(x.is_floating_point()) for k, x in flat.items()}
+    """Detached copies that require grad (the `differentiable` tensors only)."""
+    return {k: x.detach().clone().requires_grad_(differentiable(k, x)) for k, x in flat.items()}
 
 
 def outputs(result: Any, what: str = "the rule") -> dict[str, torch.Tensor]:

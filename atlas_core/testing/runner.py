@@ -29,7 +29,7 @@ def catalogue() -> dict[str, Check]:
     order = [
         "check_resolves_by_name", "check_params_forbid_extra_keys", "check_params_roundtrip_toml",
         "check_entry_module_light", "check_capabilities_hold", "check_shapes_and_dtypes",
-        "check_causal", "check_strategies_match_sequential", "check_state_carry",
+        "check_causal", "check_strategies_match_sequential", "check_state_carry", "check_split_calls",
         "check_gradients_finite", "check_gradients_match_reference", "check_gradcheck_float64",
         "check_deterministic_seed", "check_bf16_close_to_fp32", "check_long_sequence_stable",
         "check_reductions", "check_backend_matches_reference",

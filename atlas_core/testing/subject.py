@@ -6,11 +6,15 @@ are stored in ``subject.error`` and every check of that subject fails with it.
 
 For components that run (rules, knobs, strategies, backends) the subject knows
 - the rule spec it is tested in (`rule_spec`) and how to build it (`build_rule`, seeded);
-- how to make calls (`inputs`), run them through a strategy (`run`) or the anchored reference;
+- how to make calls (`inputs`) and run them through a strategy or through ``core:sequential``
+  (`run`);
 - the strategy *variants* to compare with ``core:sequential``: each supporting strategy, and for
-  strategies with a ``chunk_size`` param chunk size 1 (exactly sequential) and 3 (the anchored
-  reference ``rule.reference(inputs, anchor_every=3)``, or plain sequential for a strategy that
-  declares the capability ``"exact"``).
+  strategies with a ``chunk_size`` param chunk size 1 on the rule as given, and chunk size
+  `CHUNK` (3) on the rule as given when the strategy accepts it there, else on the same rule
+  rebuilt with ``anchor = 2 * CHUNK`` (seeded identically). A variant carries the anchor it needs
+  (`Variant.anchor`); `run` runs it, and ``core:sequential`` as its reference, on that rule.
+  There is one equivalence: a strategy that accepts a rule computes what ``core:sequential``
+  computes on that rule.
 """
 
 from __future__ import annotations
@@ -25,19 +29,33 @@ from .results import RULE_BEARING, Failure, Skip
 
 KNOBS = ("structure", "bias", "retention", "algorithm", "feature_map")
 KIND_PREFERENCE = ("rule", "strategy", *KNOBS, "backend", "arch", "task")
-CHUNK = 3  # the chunk size of the anchored comparisons (T = 7 leaves a ragged last chunk)
+CHUNK = 3  # the chunk size of the chunked variants (T = 7 leaves a ragged last chunk)
 _NAME = re.compile(r"^[A-Za-z_][\w]*:[\w.\-]+$")
 
 
 @dataclass(frozen=True)
 class Variant:
+    """A strategy run, always compared with ``core:sequential`` on the same rule."""
+
     label: str  # e.g. "core:chunkwise(chunk_size=3)"
     spec: Any  # the strategy spec handed to the rule
-    ref: str  # "sequential" | "anchored"
     chunk: int | None = None
+    #: the anchor of the rule this variant runs on: None is the rule as given; an int is the same
+    #: rule rebuilt (seeded identically) with that ``anchor``, because the strategy refuses the
+    #: rule as given at this chunk size
+    anchor: int | None = None
+
+    @property
+    def title(self) -> str:
+        """The strategy and, when it is not the rule as given, the rule it runs on."""
+        return self.label if self.anchor is None else f"{self.label} on the rule with anchor = {self.anchor}"
+
+    @property
+    def reference_title(self) -> str:
+        return "core:sequential" if self.anchor is None else f"core:sequential on the rule with anchor = {self.anchor}"
 
 
-SEQUENTIAL = Variant("core:sequential", "core:sequential", "sequential")
+SEQUENTIAL = Variant("core:sequential", "core:sequential")
 
 
 def _names_in(value: Any) -> set[str]:
@@ -167,21 +185,51 @@ class Subject:
         return " ".join(f"{k}={v}" for k, v in s.items())
 
     # -- building and calling -------------------------------------------------------------------
-    def build_rule(self, *, seed: int = 0, dtype: Any = None, spec: Any = None, sizes: Mapping | None = None):
+    def build_rule(self, *, seed: int = 0, dtype: Any = None, spec: Any = None, sizes: Mapping | None = None,
+                   anchor: int | None = None):
+        """The subject's rule (or ``spec``), seeded; ``anchor`` rebuilds it with that anchor key."""
         import torch
 
         from atlas_core.rule import build_rule
 
+        how = {"seed": seed, "dtype": dtype, "spec": spec, "sizes": dict(sizes or {})}
         s = {**self.sizes(), **(sizes or {})}
+        full = spec if spec is not None else self.rule_spec()
+        if anchor is not None:
+            full = {"use": full} if isinstance(full, str) else dict(full)
+            full["anchor"] = anchor
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            rule = build_rule(spec if spec is not None else self.rule_spec(),
-                              heads=s["H"], d_key=s["Dk"], d_value=s["Dv"], registry=self.registry)
+            rule = build_rule(full, heads=s["H"], d_key=s["Dk"], d_value=s["Dv"], registry=self.registry)
         if isinstance(rule, torch.nn.Module):
             rule = rule.to(device=CONFIG.device)
             if dtype is not None and dtype in (torch.float32, torch.float64):
                 rule = rule.to(dtype=dtype)
+        self._built()[id(rule)] = (rule, how)
         return rule
+
+    def _built(self) -> dict:
+        if not hasattr(self, "_how"):
+            self._how: dict[int, tuple[Any, dict]] = {}  # id(rule) -> (rule, how it was built)
+            self._anchored: dict[tuple[int, int], Any] = {}  # (id(rule), anchor) -> rebuilt rule
+        return self._how
+
+    def with_anchor(self, rule, anchor: int):
+        """``rule`` rebuilt with ``anchor`` (same spec, seed, dtype and sizes; cached), for the
+        variants that need it. Raises what `build_rule` raises (a standalone rule takes no anchor)."""
+        if getattr(rule, "anchor", 1) == anchor and self.composed(rule):
+            return rule
+        built = self._built()
+        key = (id(rule), anchor)
+        if key not in self._anchored:
+            if id(rule) not in built:
+                raise RuntimeError("the kit rebuilds only rules it built itself (Subject.build_rule)")
+            self._anchored[key] = self.build_rule(**built[id(rule)][1], anchor=anchor)
+        return self._anchored[key]
+
+    def rule_for(self, rule, variant: Variant):
+        """The rule ``variant`` runs on: ``rule`` itself, or ``rule`` rebuilt with the variant's anchor."""
+        return rule if variant.anchor is None else self.with_anchor(rule, variant.anchor)
 
     def pick_rule_for_strategy(self) -> None:
         """A strategy (or backend) case without ``rule``: run it on the default composition, or a
@@ -210,7 +258,11 @@ class Subject:
         for base in candidates:
             try:
                 spec = {"use": base} if isinstance(base, str) else dict(base)
-                ok, _ = strat.supports(self.build_rule(spec=spec))
+                rule = self.build_rule(spec=spec)
+                if self.kind == "strategy":  # chunk size 1, or the chunked variant on an anchor
+                    ok = bool(self._strategy_variants(self.name, dict(self.params), rule)[0])
+                else:
+                    ok, _ = strat.supports(rule)
             except Exception:  # noqa: BLE001 - a preset that does not build here is passed over
                 continue
             if ok:
@@ -238,32 +290,29 @@ class Subject:
         return I.standalone_inputs(rule, self.name, B, T, dtype=dtype, device=CONFIG.device, seed=seed)
 
     def run(self, rule, flat: Mapping, variant: Variant = SEQUENTIAL, state=None, *, reference: bool = False):
-        """Run a call through ``variant`` (or, with ``reference``, through what the variant is
-        compared with); returns ``{"y": ..., "state.<key>": ...}``."""
+        """Run a call through ``variant`` (or, with ``reference``, through ``core:sequential``) on
+        the rule the variant runs on (`rule_for`); returns ``{"y": ..., "state.<key>": ...}``."""
         from . import inputs as I
 
         kwargs = I.unflatten(flat)
-        if reference and variant.ref == "anchored":
-            prepared = rule.prepare(**kwargs, state=state)
-            result = rule.finish(prepared, rule.reference(prepared, anchor_every=variant.chunk))
-            return I.outputs(result, f"the anchored reference (anchor_every={variant.chunk})")
+        target = self.rule_for(rule, variant)
         spec = "core:sequential" if reference else variant.spec
-        label = "core:sequential" if reference else variant.label
-        return I.outputs(rule(**kwargs, state=state, strategy=spec), f"{self.name} under {label}")
+        label = variant.reference_title if reference else variant.title
+        return I.outputs(target(**kwargs, state=state, strategy=spec), f"{self.name} under {label}")
 
-    def warm_state(self, rule, *, B: int | None = None, dtype=None, seed: int = 99) -> dict:
-        """A realistic non-zero state: the state after 3 random tokens (detached)."""
+    def warm_state(self, rule, variant: Variant = SEQUENTIAL, *, B: int | None = None, dtype=None,
+                   seed: int = 99) -> dict:
+        """A realistic non-zero state of the rule ``variant`` runs on: the state after 3 random
+        tokens through core:sequential (detached)."""
         from . import inputs as I
 
         flat = self.inputs(rule, B=B, T=3, dtype=dtype, seed=seed)
-        out = self.run(rule, flat)
+        out = self.run(rule, flat, variant, reference=True)
         return {k: x.detach().clone() for k, x in I.state_of(out).items()}
 
     # -- strategies -----------------------------------------------------------------------------
     def variants(self, rule) -> tuple[list[Variant], list[str]]:
         """(strategy variants to compare with core:sequential, reasons others were left out)."""
-        from atlas_core.errors import AtlasError
-
         if self.kind == "strategy":
             names = [self.name]
         elif self.case.strategy is not None:
@@ -272,45 +321,71 @@ class Subject:
         else:
             names = [c.name for c in self.registry.all("strategy") if c.name != "core:sequential"]
         out, left = [], []
-        composed = self.composed(rule)
         for entry in names:
             from atlas_core.host.registry import split_use
 
             name, params = split_use(entry)
             if self.kind == "strategy":
                 params = {**self.params, **params}
-            comp = self.registry.get("strategy", name)
-            if comp.name == "core:sequential":
-                continue
+            got, why = self._strategy_variants(name, params, rule)
+            out += got
+            left += why
+        return out, left
+
+    def _strategy_variants(self, name: str, params: dict, rule) -> tuple[list[Variant], list[str]]:
+        """The variants of one strategy on ``rule``. With a ``chunk_size`` param: chunk size 1 on
+        the rule as given, and chunk size C (the case's, else `CHUNK`) on the rule as given if the
+        strategy accepts it there, else on the rule rebuilt with ``anchor = 2 C`` (a composed rule;
+        a block then spans two chunks). Without one: the strategy on the rule as given."""
+        from atlas_core.errors import AtlasError
+
+        comp = self.registry.get("strategy", name)
+        if comp.name == "core:sequential":
+            return [], []
+
+        def accepts(spec, on) -> tuple[bool, str]:
             try:
-                strat = self.registry.build("strategy", {"use": comp.name, **params})
-                ok, reason = strat.supports(rule)
+                return self.registry.build("strategy", spec).supports(on)
             except (AtlasError, ValueError) as exc:
-                ok, reason = False, f"cannot be built: {exc}"
+                return False, f"cannot be built: {exc}"
+
+        model = comp.load_params()
+        fields = set(getattr(model, "model_fields", {}) or {})
+        if "chunk_size" not in fields:
+            spec = {"use": comp.name, **params} if params else comp.name
+            ok, reason = accepts({"use": comp.name, **params}, rule)
             if not ok:
-                left.append(f"{comp.name}: {reason}")
+                return [], [f"{comp.name}: {reason}"]
+            label = comp.name + (f"({', '.join(f'{k}={v}' for k, v in params.items())})" if params else "")
+            return [Variant(label, spec)], []
+        out, left = [], []
+        sizes = [1, int(params.get("chunk_size") or CHUNK)]
+        if sizes[1] == 1:
+            sizes = [1, CHUNK] if "chunk_size" not in params else [1]
+        for C in dict.fromkeys(sizes):
+            spec = {"use": comp.name, **params, "chunk_size": C}
+            label = f"{comp.name}(chunk_size={C})"
+            ok, reason = accepts(spec, rule)
+            if ok:
+                out.append(Variant(label, spec, C))
                 continue
-            model = comp.load_params()
-            fields = set(getattr(model, "model_fields", {}) or {})
-            exact = "exact" in comp.capabilities
-            if "chunk_size" in fields:
-                sizes = [1, int(params.get("chunk_size", CHUNK))]
-                if sizes[1] == 1:
-                    sizes = [1, CHUNK] if "chunk_size" not in params else [1]
-                for C in dict.fromkeys(sizes):
-                    spec = {"use": comp.name, **params, "chunk_size": C}
-                    label = f"{comp.name}(chunk_size={C})"
-                    if C == 1 or exact:
-                        out.append(Variant(label, spec, "sequential", C))
-                    elif composed:
-                        out.append(Variant(label, spec, "anchored", C))
-                    else:
-                        left.append(f"{label}: no anchored reference for a standalone rule "
-                                    "(declare the capability 'exact' if it is exact)")
+            if C == 1:
+                left.append(f"{label}: {reason}")
+                continue
+            if not self.composed(rule):
+                left.append(f"{label}: {reason} (a standalone rule takes no anchor to rebuild it with)")
+                continue
+            A = 2 * C
+            try:
+                anchored = self.with_anchor(rule, A)
+            except (AtlasError, ValueError) as exc:
+                left.append(f"{label}: {reason}; the rule does not rebuild with anchor = {A}: {exc}")
+                continue
+            ok2, reason2 = accepts(spec, anchored)
+            if ok2:
+                out.append(Variant(label, spec, C, anchor=A))
             else:
-                spec = {"use": comp.name, **params} if params else comp.name
-                label = comp.name + (f"({', '.join(f'{k}={v}' for k, v in params.items())})" if params else "")
-                out.append(Variant(label, spec, "sequential"))
+                left.append(f"{label}: {reason}; on the rule with anchor = {A}: {reason2}")
         return out, left
 
     def run_variants(self, rule, *, with_sequential: bool = True) -> list[Variant]:

@@ -35,6 +35,28 @@ class ForgetfulChunkwise(Chunkwise):
         return super().run_torch(rule, dataclasses.replace(p, state=empty))
 
 
+class PermissiveChunkwise(Chunkwise):
+    """Accepts a per-token rule (anchor = 1) at any chunk size and runs it with every gradient of a
+    chunk at the chunk's start: the old anchored approximation, another function than the rule's."""
+
+    name = "broken:permissive"
+
+    def supports(self, rule):
+        if getattr(rule, "anchor", 1) == 1 and hasattr(rule, "structure"):
+            return Chunkwise(ChunkwiseParams(chunk_size=1)).supports(rule)
+        return super().supports(rule)
+
+
+class UnalignedChunkwise(Chunkwise):
+    """Chunkwise that starts a new chunk at every call, wherever the carried state says the call
+    starts: right for one call from a block boundary, wrong for a call cut inside a chunk."""
+
+    name = "broken:unaligned"
+
+    def run(self, rule, inputs):
+        return self.run_torch(rule, inputs)
+
+
 class PeekingRule(ComposedRule):
     """A delta rule that writes v_{t+1} at token t: it reads the future."""
 
@@ -74,6 +96,10 @@ def register_broken(registry):
                  params=ChunkwiseParams, summary="chunkwise without retention (broken)")
     registry.add("strategy", "forgetful", lambda params, ctx: ForgetfulChunkwise(params),
                  params=ChunkwiseParams, summary="chunkwise that drops the initial state (broken)")
+    registry.add("strategy", "permissive", lambda params, ctx: PermissiveChunkwise(params),
+                 params=ChunkwiseParams, summary="chunkwise that changes per-token rules (broken)")
+    registry.add("strategy", "unaligned", lambda params, ctx: UnalignedChunkwise(params),
+                 params=ChunkwiseParams, summary="chunkwise that ignores where a call starts (broken)")
     registry.add("rule", "peek", build_peeking_rule, summary="a rule that reads v_{t+1} (broken)")
     registry.add("bias", "detached", lambda params, ctx: DetachedBias(), summary="wrong backward (broken)")
     registry.add("bias", "ascent", lambda params, ctx: AscentBias(), summary="unstable (broken)")

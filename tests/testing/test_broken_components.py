@@ -35,6 +35,34 @@ def test_chunkwise_that_differs_from_sequential_is_caught(broken):
     assert statuses["check_causal"] == "passed"
 
 
+def test_strategy_that_accepts_a_rule_and_changes_it_fails(broken):
+    # chunk size 3 on the per-token rule as given: the chunk-start approximation is not the rule
+    res = check_component(Case("broken:permissive"), on_fail="collect",
+                          checks=["check_strategies_match_sequential", "check_split_calls"])
+    failed = _failed(res)
+    msg = failed["check_strategies_match_sequential"].message
+    assert "broken:permissive(chunk_size=3) differs from core:sequential (" in msg
+    assert "strategy=broken:permissive(chunk_size=3), reference=core:sequential," in msg
+    assert "anchor" not in msg.split(". Contract:")[0]  # the rule as given: no rebuilt rule
+
+
+def test_strategy_that_ignores_where_a_call_starts_fails_the_split_check(broken):
+    res = check_component(Case("broken:unaligned"), on_fail="collect", checks=[
+        "check_strategies_match_sequential", "check_state_carry", "check_split_calls"])
+    status = {r.name: r.status for r in res}
+    # one call from a block boundary, and two calls cut on a chunk boundary, are right ...
+    assert status["check_strategies_match_sequential"] == "passed"
+    assert status["check_state_carry"] == "passed"
+    # ... a call cut inside a chunk is not
+    assert status["check_split_calls"] == "failed"
+    msg = _failed(res)["check_split_calls"].message
+    assert msg.startswith("check_split_calls [broken:unaligned] failed: broken:unaligned(chunk_size=3) on "
+                          "the rule with anchor = 6: ")
+    assert "calls cut at token" in msg and "differ from one call" in msg
+    assert "reference=one call under the same strategy" in msg
+    assert msg.endswith("See docs/plugins.md#check_split_calls")
+
+
 def test_the_first_failure_is_raised_with_its_message(broken):
     with pytest.raises(CheckFailed, match=r"check_strategies_match_sequential \[broken:chunkwise\]"):
         check_component(Case("broken:chunkwise"), checks=["check_causal", "check_strategies_match_sequential"])

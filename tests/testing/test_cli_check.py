@@ -42,9 +42,9 @@ def test_unknown_namespace_is_one_line_with_a_suggestion(app):
 
 
 def test_unknown_component_is_one_line_with_a_suggestion(app):
-    res = _run(app, "check", "core:l3")
+    res = _run(app, "check", "core:l22")
     assert res.exit_code == 1
-    assert res.output.strip().startswith("error: unknown component 'core:l3'; did you mean 'core:l2'")
+    assert res.output.strip().startswith("error: unknown component 'core:l22'; did you mean 'core:l2'")
     assert len(res.output.strip().splitlines()) == 1
 
 

@@ -107,7 +107,7 @@ def test_expected_failure_matching_no_check_warns_with_its_name():
 
 
 @pytest.mark.parametrize("name, hint", [
-    ("core:l3", "did you mean 'core:l2'"),
+    ("core:l22", "did you mean 'core:l2'"),
     ("titan:mlp", "did you mean 'titans'"),
 ])
 def test_unknown_component_fails_resolution_with_a_hint(name, hint):
@@ -119,8 +119,8 @@ def test_unknown_component_fails_resolution_with_a_hint(name, hint):
 def test_targets_of_atlas_check():
     with pytest.raises(TargetError, match="unknown namespace 'titan'; did you mean 'titans'"):
         cases_for_target("titan")
-    with pytest.raises(TargetError, match="unknown component 'core:l3'; did you mean 'core:l2'"):
-        cases_for_target("core:l3")
+    with pytest.raises(TargetError, match="unknown component 'core:l22'; did you mean 'core:l2'"):
+        cases_for_target("core:l22")
     core = {c.name for c in cases_for_target("core")}
     assert {"core:l2", "core:chunkwise", "core:sequential"} <= core
     mru = [c for c in cases_for_target("mru") if c.name == "mru:brent_kung"]
@@ -145,3 +145,39 @@ def test_the_kit_and_its_pytest_plugin_import_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _chunkwise_titles(subject, rule):
+    return [v.title for v in subject.variants(rule)[0] if v.label.startswith("core:chunkwise")]
+
+
+def test_chunked_variants_run_on_the_rule_as_given_or_on_it_rebuilt_with_an_anchor():
+    import torch
+
+    subject = resolve(Case("titans:titans_deep"))  # anchor = 16: chunk size 3 does not divide it
+    rule = subject.build_rule(dtype=torch.float64)
+    variants = [v for v in subject.variants(rule)[0] if v.label.startswith("core:chunkwise")]
+    assert [v.title for v in variants] == [
+        "core:chunkwise(chunk_size=1)", "core:chunkwise(chunk_size=3) on the rule with anchor = 6"]
+    assert variants[1].reference_title == "core:sequential on the rule with anchor = 6"
+    assert subject.rule_for(rule, variants[0]) is rule
+    rebuilt = subject.rule_for(rule, variants[1])
+    assert (rule.anchor, rebuilt.anchor) == (16, 6)
+    assert subject.rule_for(rule, variants[1]) is rebuilt  # built once
+    a, b = rule.state_dict(), rebuilt.state_dict()  # seeded identically: the same initial weights
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) and b[k].dtype == torch.float64 for k in a)
+    # a linear memory with a prediction-free bias is accepted at chunk size 3 as given
+    dot = resolve(Case("core:dot"))
+    assert _chunkwise_titles(dot, dot.build_rule()) == ["core:chunkwise(chunk_size=1)", "core:chunkwise(chunk_size=3)"]
+    # a per-token rule: core:exact_chunk runs it as given, core:chunkwise on anchor = 6
+    titans = resolve(Case("titans:titans"))
+    titles = [v.title for v in titans.variants(titans.build_rule())[0]]
+    assert "core:exact_chunk(chunk_size=3)" in titles
+    assert "core:chunkwise(chunk_size=3) on the rule with anchor = 6" in titles
+
+
+def test_a_standalone_rule_is_not_rebuilt_with_an_anchor():
+    subject = resolve(Case("mru:mru"))
+    variants, left = subject.variants(subject.build_rule())
+    assert all(v.anchor is None for v in variants)
+    assert any("core:chunkwise(chunk_size=3)" in r and "standalone rule takes no anchor" in r for r in left)

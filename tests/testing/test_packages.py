@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from atlas_cli.scaffold import scaffold
+from atlas_core.testing import Case
+from atlas_core.testing.runner import resolve, select_checks
 
 REPO = Path(__file__).resolve().parents[2]
 MIRAS = REPO / "packages" / "atlas-miras"
@@ -84,7 +86,11 @@ def test_a_scaffolded_plugin_installs_and_passes_the_kit_as_generated(venv, tmp_
     proc = _run_tests(venv, root, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
-    assert "30 passed" in summary, summary  # 2 cases x 15 checks, none skipped
+    # 2 cases x every check a bias with a declared reduction gets (the generated bias has one),
+    # none skipped
+    per_case = len(select_checks(resolve(Case("core:l2", reductions=[{"name": "r", "equals": "core:l2"}]))))
+    assert per_case >= 16
+    assert f"{2 * per_case} passed" in summary and "skipped" not in summary, summary
 
 
 def _installed(dist: str) -> bool:
