@@ -5,13 +5,15 @@
     python benchmarks/bench_strategies.py --markdown out.md --json out.json --plot out.png
 
 The same run as ``atlas bench`` (library: `atlas_core.bench`), printed as a plain table, with the
-baselines of ``benchmarks/baselines/`` (the seed 000 algorithm; titans-pytorch's NeuralMemory when
-the package is installed). Rules: titans (linear memory, momentum), titans_deep (titans:mlp),
-omega16 (OmegaNet, window 16), atlas (Muon on titans:mlp), atlas_linear, delta (gd + l2 + decay),
-titans_deep_layer (the memory layer against titans-pytorch). Before timing, every subject passes a
-float64 equivalence check (exact: equals core:sequential; anchored: equals the loop anchored every
-C tokens); a failure is marked and gets no speedup. Nothing is extrapolated: a point that was not
-run says why.
+baselines of ``benchmarks/baselines/`` (the seed 000 algorithm; fla-core's chunked gated delta rule
+and titans-pytorch's NeuralMemory when the packages are installed). Rules: titans (linear memory,
+momentum), titans_deep (titans:mlp), omega16 (OmegaNet, window 16), atlas (Muon on titans:mlp),
+atlas_linear, delta (gd + l2 + decay), titans_deep_layer (the memory layer against
+titans-pytorch), decode (one-token model.step calls of a built model at chunk sizes 16 and 1024).
+A chunked strategy that refuses a rule at the chunk size C runs the same rule with anchor = C.
+Before timing, every subject passes a float64 equivalence check: it equals core:sequential on the
+rule it runs; a failure is marked and gets no speedup. Nothing is extrapolated: a point that was
+not run says why.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=d.heads)
     ap.add_argument("--dim", type=int, default=d.dim, help="Dk = Dv per head")
     ap.add_argument("--chunk", type=int, default=d.chunk)
+    ap.add_argument("--exact-chunks", default=",".join(map(str, d.exact_chunks)),
+                    help="more chunk sizes for the strategies declaring 'exact'")
+    ap.add_argument("--decode-chunks", default=",".join(map(str, d.decode_chunks)))
+    ap.add_argument("--decode-tokens", type=int, default=d.decode_tokens)
     ap.add_argument("--strategies", default=None, help="only these registered strategies")
     ap.add_argument("--seq-max", type=int, default=d.seq_max, help="longest T for core:sequential")
     ap.add_argument("--repeats", type=int, default=d.repeats)
@@ -57,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats, budget_s=args.budget, max_mem_gib=args.max_mem_gib,
         threads=args.threads, memory=not args.no_memory, compile=args.compile,
         strategies=args.strategies.split(",") if args.strategies else None,
+        exact_chunks=[int(c) for c in args.exact_chunks.split(",") if c],
+        decode_chunks=[int(c) for c in args.decode_chunks.split(",") if c],
+        decode_tokens=args.decode_tokens,
     )
     subjects, problems = ([], []) if args.no_baselines else load_baselines(HERE / "baselines", cfg)
     result = run_bench(cfg, subjects, progress=lambda m: print(m, file=sys.stderr, flush=True),

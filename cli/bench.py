@@ -4,12 +4,15 @@
     atlas bench --rules delta,titans --lengths 512,1024 --plot bench.png
     atlas bench --format json > bench.json
 
-Each rule runs every registered strategy that supports it side by side, plus the baselines of a
-source checkout (``benchmarks/baselines``: the seed 000 algorithm, titans-pytorch's NeuralMemory
-when installed). Before timing, each subject passes a float64 equivalence check against the
-rule's readable loop; a failure is marked and gets no speedup. Peak memory is the peak of live
-tensor bytes (`atlas_core.bench.memory`), which works on the CPU. The library lives in
-`atlas_core.bench`; ``benchmarks/bench_strategies.py`` is the same run as a script.
+Each rule runs every registered strategy that accepts it side by side (a chunked strategy that
+refuses the rule at the chunk size C runs the same rule with ``anchor = C``), plus the baselines of
+a source checkout (``benchmarks/baselines``: the seed 000 algorithm, fla-core's chunked gated
+delta rule and titans-pytorch's NeuralMemory when installed); the ``decode`` case times one-token
+``model.step`` calls of a built model at two chunk sizes. Before timing, each subject passes a
+float64 equivalence check against ``core:sequential`` on the rule it runs; a failure is marked and
+gets no speedup. Peak memory is the peak of live tensor bytes (`atlas_core.bench.memory`), which
+works on the CPU. The library lives in `atlas_core.bench`; ``benchmarks/bench_strategies.py`` is
+the same run as a script. The targets are printed after the table.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ EPILOG = examples(
 
 
 def _ints(text: str, name: str) -> list[int]:
+    """Comma-separated positive integers (at least one)."""
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -70,18 +74,23 @@ def _human(data: dict[str, Any]) -> None:
 
 def bench(
     rules: Annotated[str, typer.Option(help="comma-separated rules: titans, titans_deep, omega16, "
-                                       "atlas, atlas_linear, delta, titans_deep_layer")] =
-        "titans,titans_deep,omega16,atlas,delta,titans_deep_layer",
+                                       "atlas, atlas_linear, delta, titans_deep_layer, decode")] =
+        "titans,titans_deep,omega16,atlas,delta,titans_deep_layer,decode",
     lengths: Annotated[str, typer.Option(help="comma-separated sequence lengths T")] =
         "512,1024,2048,4096,8192,16384",
     batch: Annotated[int, typer.Option(min=1, help="batch size B")] = 2,
     heads: Annotated[int, typer.Option(min=1, help="heads H")] = 4,
     dim: Annotated[int, typer.Option(min=1, help="per-head key and value size (Dk = Dv)")] = 64,
-    chunk: Annotated[int, typer.Option(min=1, help="chunk size C of the chunked strategies")] = 64,
+    chunk: Annotated[int, typer.Option(min=1, help="chunk size C of the chunked strategies (a rule "
+                                       "they refuse at C runs with anchor = C)")] = 64,
+    exact_chunks: Annotated[str, typer.Option(help="more chunk sizes for the strategies declaring "
+                                              "'exact' (core:exact_chunk)")] = "16,32,64,128",
+    decode_chunks: Annotated[str, typer.Option(help="chunk sizes of the decode case's model")] = "16,1024",
+    decode_tokens: Annotated[int, typer.Option(min=1, help="one-token steps timed per decode row")] = 16,
     strategies: Annotated[Optional[str], typer.Option(
         help="only these registered strategies (comma-separated names); default: all that apply")] = None,
     seq_max: Annotated[int, typer.Option(min=1, help="longest T for core:sequential")] = 4096,
-    repeats: Annotated[int, typer.Option(min=1, help="timed runs per point (median)")] = 3,
+    repeats: Annotated[int, typer.Option(min=1, help="timed runs per point after the first (the fastest is reported)")] = 3,
     budget: Annotated[float, typer.Option(help="seconds: a subject slower than this per fwd+bwd "
                                           "is not run at longer T")] = 120.0,
     max_mem_gib: Annotated[float, typer.Option(help="skip runs a subject expects to need more")] = 6.0,
@@ -105,7 +114,8 @@ def bench(
         rules=[r.strip() for r in rules.split(",") if r.strip()], lengths=_ints(lengths, "--lengths"),
         batch=batch, heads=heads, dim=dim, chunk=chunk, seq_max=seq_max, repeats=repeats,
         budget_s=budget, max_mem_gib=max_mem_gib, memory=memory, check=check, threads=threads,
-        compile=compile,
+        compile=compile, exact_chunks=_ints(exact_chunks, "--exact-chunks"),
+        decode_chunks=_ints(decode_chunks, "--decode-chunks"), decode_tokens=decode_tokens,
         strategies=[s.strip() for s in strategies.split(",")] if strategies else None,
     )
     cfg.validate()

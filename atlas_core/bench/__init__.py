@@ -2,8 +2,9 @@
 
 Time (forward, forward + backward) and peak memory against sequence length for each rule and each
 strategy that supports it, side by side in one run, with baselines (``benchmarks/baselines/``)
-in the same table. Before timing, each subject passes a float64 equivalence check against the
-rule's readable loop; a subject that fails it gets no speedup. Modules:
+in the same table, and the decoding cost of a built model. Before timing, each subject passes a
+float64 equivalence check against ``core:sequential`` on the rule it runs; a subject that fails it
+gets no speedup. Modules:
 
 - `cases`: the benchmarked rules and their inputs;
 - `subjects`: strategies, layers, baselines, and the equivalence gate;
@@ -17,8 +18,8 @@ from .memory import LiveTensorBytes, peak_tensor_bytes
 from .report import plot, targets, to_markdown, to_text
 from .runner import BenchConfig, BenchResult, Row, run_bench
 from .subjects import (
-    AnchoredReference,
     Check,
+    DecodeSubject,
     LayerSubject,
     StrategySubject,
     Subject,
@@ -30,6 +31,6 @@ from .subjects import (
 __all__ = [
     "RULES", "Case", "get_case", "LiveTensorBytes", "peak_tensor_bytes", "plot", "targets",
     "to_markdown", "to_text", "BenchConfig", "BenchResult", "Row", "run_bench",
-    "AnchoredReference", "Check", "LayerSubject", "StrategySubject", "Subject",
+    "Check", "DecodeSubject", "LayerSubject", "StrategySubject", "Subject",
     "check_against_rule", "default_baselines_dir", "load_baselines",
 ]

@@ -1,10 +1,17 @@
 """The rules the benchmark measures, and the inputs it feeds them.
 
-A `Case` is one memory rule (a spec for `atlas_core.build_rule`) or one memory layer (``kind =
-"layer"``: ``x: [B, T, d_model]`` in, the layer's output out). `make_inputs` draws inputs with the
-shapes of MATH.md — ``q, k: [B, T, H, Dk]`` (l2-normalised, as the memory layer feeds them),
-``v: [B, T, H, Dv]``, each gate ``[B, T, H]`` in the range the layer's default gate biases give —
-from a fixed seed, so every strategy of a case sees the same numbers.
+A `Case` is one memory rule (a spec for `atlas_core.build_rule`), one memory layer (``kind =
+"layer"``: ``x: [B, T, d_model]`` in, the layer's output out), or decoding with a built model
+(``kind = "decode"``: a ``core:lm`` model around the rule, one-token ``model.step`` calls after a
+T-token prompt). `make_inputs` draws inputs with the shapes of MATH.md — ``q, k: [B, T, H, Dk]``
+(l2-normalised, as the memory layer feeds them), ``v: [B, T, H, Dv]``, each gate ``[B, T, H]`` in
+the range the layer's default gate biases give — from a fixed seed, so every strategy of a case
+sees the same numbers.
+
+A subject may run a case's rule rebuilt with another ``anchor`` (`Case.rule(..., anchor=A)`):
+the rule with every gradient of an A-token block taken at the block's start memory, the rule
+``core:chunkwise`` runs at chunk sizes dividing A. The case's own rule keeps its spec's anchor
+(the presets' defaults: 1 for ``titans:titans``, 16 for ``titans:titans_deep`` and Atlas).
 """
 
 from __future__ import annotations
@@ -15,6 +22,11 @@ from typing import Any
 import torch
 
 OMEGA16 = {"use": "omega:window", "window": 16, "inner": "core:l2", "gamma": "uniform"}
+#: the decode case: its rule's anchor (divisible by every chunk size it is decoded with) and the
+#: ``[model]`` table of the core:lm model around it (d_model = heads * dim of the run)
+DECODE_ANCHOR = 1024
+DECODE_CHUNKS = (16, 1024)
+DECODE_MODEL = {"arch": "core:lm", "vocab_size": 256, "depth": 2}
 
 #: name -> (title, rule spec)
 RULES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -32,13 +44,17 @@ RULES: dict[str, tuple[str, dict[str, Any]]] = {
                "algorithm": "core:gd"}),
     "titans_deep_layer": ("Deep-memory layer x: [B, T, H*D] (Titans deep vs titans-pytorch "
                           "NeuralMemory)", {"use": "titans:titans_deep"}),
+    "decode": (f"Decoding: core:lm ({DECODE_MODEL['depth']} blocks, titans:titans with anchor "
+               f"{DECODE_ANCHOR}), ms per one-token model.step after a T-token prompt",
+               {"use": "titans:titans", "anchor": DECODE_ANCHOR}),
 }
 LAYER_CASES = {"titans_deep_layer"}
+DECODE_CASES = {"decode"}
 #: `LayerParams` of the layer cases. The deep-memory layer matches titans-pytorch NeuralMemory's
 #: defaults where the layers differ: no short convolution and no per-head output norm (it has
 #: neither); the output gate and the q/k l2 norm stay on (it has a per-head output gate).
 LAYER_PARAMS = {"titans_deep_layer": {"conv_size": 0, "output_norm": False}}
-DEFAULT_RULES = ("titans", "titans_deep", "omega16", "atlas", "delta", "titans_deep_layer")
+DEFAULT_RULES = ("titans", "titans_deep", "omega16", "atlas", "delta", "titans_deep_layer", "decode")
 
 #: gate name -> (low, high) of a uniform draw. The layer's default biases give alpha ~ 0.95,
 #: eta ~ 0.88, theta ~ 0.01; the benchmark takes larger learning rates so that the memory changes,
@@ -51,22 +67,33 @@ class Case:
     name: str
     title: str
     spec: dict[str, Any]
-    kind: str = "rule"  # "rule" | "layer"
+    kind: str = "rule"  # "rule" | "layer" | "decode"
     layer: dict[str, Any] = field(default_factory=dict)  # LayerParams of a layer case
     _rules: dict = field(default_factory=dict, repr=False)
 
-    def rule(self, heads: int, d_key: int, d_value: int, dtype=torch.float32):
-        """The case's rule, built once per size and dtype (seeded: learned initial weights and
-        feature-map coefficients are the same for every strategy)."""
+    def rule_spec(self, anchor: int | None = None) -> dict[str, Any]:
+        """The case's rule spec, or the same rule with ``anchor`` (None: the spec's own)."""
+        return dict(self.spec) if anchor is None else {**self.spec, "anchor": anchor}
+
+    def rule(self, heads: int, d_key: int, d_value: int, dtype=torch.float32, anchor: int | None = None):
+        """The case's rule (rebuilt with ``anchor`` when given), built once per size, dtype and
+        anchor (seeded: learned initial weights and feature-map coefficients are the same for
+        every strategy and every anchor)."""
         from ..rule import build_rule
 
-        key = (heads, d_key, d_value, dtype)
+        key = (heads, d_key, d_value, dtype, anchor)
         if key not in self._rules:
             with torch.random.fork_rng():
                 torch.manual_seed(0)
-                self._rules[key] = build_rule(self.spec, heads=heads, d_key=d_key,
+                self._rules[key] = build_rule(self.rule_spec(anchor), heads=heads, d_key=d_key,
                                               d_value=d_value).to(dtype)
         return self._rules[key]
+
+    def model_spec(self, sizes: dict[str, int], strategy: Any) -> dict[str, Any]:
+        """A decode case's model: ``core:lm`` around the case's rule, run by ``strategy``."""
+        model = {**DECODE_MODEL, "d_model": sizes["H"] * sizes["Dk"], "heads": sizes["H"]}
+        return {"schema": "atlas/1", "name": f"bench-{self.name}", "model": model,
+                "memory": {**self.spec, "parallel": strategy}}
 
 
 def get_case(name: str) -> Case:
@@ -76,8 +103,8 @@ def get_case(name: str) -> Case:
         hint = did_you_mean(name, RULES) or f"choose from {', '.join(RULES)}"
         raise ValueError(f"unknown benchmark rule {name!r}; {hint}")
     title, spec = RULES[name]
-    return Case(name, title, dict(spec), "layer" if name in LAYER_CASES else "rule",
-                dict(LAYER_PARAMS.get(name, {})))
+    kind = "layer" if name in LAYER_CASES else "decode" if name in DECODE_CASES else "rule"
+    return Case(name, title, dict(spec), kind, dict(LAYER_PARAMS.get(name, {})))
 
 
 @dataclass
@@ -115,6 +142,9 @@ def make_inputs(case: Case, gate_names, *, B: int, T: int, H: int, Dk: int, Dv: 
 
     if case.kind == "layer":
         return Inputs(x=rand(B, T, H * Dk), dy=rand(B, T, H * Dk))
+    if case.kind == "decode":  # token ids: a prompt of T tokens (the decoded tokens: `decode_tokens`)
+        vocab = DECODE_MODEL["vocab_size"]
+        return Inputs(x=torch.randint(0, vocab, (B, T), generator=g))
     q = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
     k = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
     gates = {}

@@ -1,7 +1,14 @@
 """Running the benchmark: every subject of every case over the sequence lengths, side by side.
 
-For each case the subjects that support it are first checked (`Subject.check`, float64); then for
-each length T, in increasing order:
+The subjects of a case (`default_subjects`): every registered strategy that accepts the case's
+rule at the configured chunk size C; a chunked strategy that refuses the rule at C (a per-token
+rule, or a preset whose anchor C does not divide) runs the same rule rebuilt with ``anchor = C``
+(an anchored subject, e.g. ``core:chunkwise(C=64) on anchor=64``); strategies declaring the
+capability ``"exact"`` (``core:exact_chunk``) run at every chunk size of ``exact_chunks`` too. A
+decode case runs a built model at each chunk size of ``decode_chunks``.
+
+For each case the subjects that support it are first checked (`Subject.check`, float64, against
+``core:sequential`` on the rule the subject runs); then for each length T, in increasing order:
 
 - **time**: ``fwd`` is the forward under ``torch.no_grad()`` (inference); ``fwd+bwd`` is the forward
   with autograd plus ``backward`` of ``<y, dy>`` into every input and learned parameter (training).
@@ -11,12 +18,15 @@ each length T, in increasing order:
   run itself, so a single cold run would misreport the memory-hungry subjects.
 - **peak memory**: one more forward and one more fwd+bwd under `memory.LiveTensorBytes` (the peak
   of live tensor bytes created by the call; inputs and parameters excluded).
+- **decoding** (decode cases): ``fwd ms`` is milliseconds per one-token ``model.step`` after a
+  T-token prompt (`subjects.DecodeSubject.measure`); no fwd+bwd, no peak memory.
 
 Limits (each reported, nothing is extrapolated): ``core:sequential`` stops at ``seq_max``; a
 subject whose fwd+bwd took longer than ``budget_s`` is not run at longer T; a subject that declares
 a memory estimate above ``max_mem_gib`` is skipped at that T. The speedup of a row is ``fwd+bwd``
 of ``core:sequential`` at the same T divided by the row's, reported only when both were measured
-and the row's equivalence check passed.
+and the row's equivalence check passed (for an anchored subject: ``core:sequential`` on the
+case's rule, whose loop costs the same at any anchor).
 """
 
 from __future__ import annotations
@@ -31,9 +41,9 @@ from typing import Any, Callable
 
 import torch
 
-from .cases import DEFAULT_RULES, Case, get_case, make_inputs
+from .cases import DECODE_CHUNKS, DEFAULT_RULES, Case, get_case, make_inputs
 from .memory import peak_tensor_bytes
-from .subjects import Check, LayerSubject, StrategySubject, Subject
+from .subjects import Check, DecodeSubject, LayerSubject, StrategySubject, Subject
 
 MIB = 1024.0 ** 2
 
@@ -56,15 +66,23 @@ class BenchConfig:
     threads: int | None = None
     compile: bool = False
     strategies: list[str] | None = None  # None: every registered strategy that supports the rule
+    #: chunk sizes of the strategies declaring "exact" (besides ``chunk``): their best is a target
+    exact_chunks: list[int] = field(default_factory=lambda: [16, 32, 64, 128])
+    #: chunk sizes a decode case's model is built with, and the one-token steps timed after the prompt
+    decode_chunks: list[int] = field(default_factory=lambda: list(DECODE_CHUNKS))
+    decode_tokens: int = 16
 
     @property
     def sizes(self) -> dict[str, int]:
         return {"B": self.batch, "H": self.heads, "Dk": self.dim, "Dv": self.dim}
 
     def validate(self) -> None:
-        for name in ("batch", "heads", "dim", "chunk", "repeats", "seq_max"):
+        for name in ("batch", "heads", "dim", "chunk", "repeats", "seq_max", "decode_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("exact_chunks", "decode_chunks"):
+            if any(c < 1 for c in getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)} must be positive chunk sizes")
         if not self.lengths or min(self.lengths) < 1:
             raise ValueError(f"lengths={self.lengths} must be positive sequence lengths")
         for name in self.rules:
@@ -129,13 +147,40 @@ def machine_info() -> dict[str, Any]:
             "platform": platform.platform(), "load_avg_start": load}
 
 
+def _accepting(make, case: Case, C: int) -> Subject | None:
+    """``make(anchor)`` on the case's rule if it accepts it, else on the rule rebuilt with
+    ``anchor = C`` (a composed rule) if that is accepted, else None."""
+    sub = make(None)
+    if sub.supports(case)[0]:
+        return sub
+    if C > 1 and _composed(case):
+        sub = make(C)
+        if sub.supports(case)[0]:
+            return sub
+    return None
+
+
+def _composed(case: Case) -> bool:
+    try:
+        return hasattr(case.rule(2, 8, 8), "anchor")
+    except Exception:  # noqa: BLE001 - a rule that does not build is reported by its subjects
+        return False
+
+
 def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
-    """Every registered strategy that supports the case's rule (default params, the config's chunk
-    size), or the layer with core:chunkwise for a layer case."""
+    """The subjects of a case: every registered strategy that accepts the case's rule at the
+    config's chunk size, or else the rule rebuilt with ``anchor = chunk`` (an anchored subject);
+    "exact" strategies also at ``exact_chunks``. A layer case: the layer with core:chunkwise
+    (anchored likewise). A decode case: a built model at each of ``decode_chunks``."""
     from ..host.manager import get_registry
 
+    C = config.chunk
     if case.kind == "layer":
-        return [LayerSubject("core:chunkwise", {"chunk_size": config.chunk})]
+        sub = _accepting(lambda a: LayerSubject("core:chunkwise", {"chunk_size": C}, anchor=a), case, C)
+        return [sub] if sub is not None else []
+    if case.kind == "decode":
+        subs = [DecodeSubject(c, config.decode_tokens) for c in dict.fromkeys(config.decode_chunks)]
+        return [s for s in subs if s.supports(case)[0]]
     reg = get_registry()
     out: list[Subject] = []
     for comp in sorted(reg.all("strategy"), key=lambda c: (c.priority, c.name)):
@@ -143,11 +188,19 @@ def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
             continue
         model = comp.load_params()
         fields = getattr(model, "model_fields", {}) if model is not None else {}
-        params = {"chunk_size": config.chunk} if "chunk_size" in fields else {}
-        subject = StrategySubject(comp.name, params)
-        ok, _ = subject.supports(case)
-        if ok:
-            out.append(subject)
+        if "chunk_size" not in fields:
+            subject = StrategySubject(comp.name)
+            if subject.supports(case)[0]:
+                out.append(subject)
+            continue
+        sizes = [C]
+        if "exact" in comp.capabilities:
+            sizes = sorted({C, *config.exact_chunks})
+        for size in sizes:
+            sub = _accepting(lambda a, n=comp.name, c=size: StrategySubject(n, {"chunk_size": c}, anchor=a),
+                             case, size)
+            if sub is not None:
+                out.append(sub)
     return out
 
 
@@ -285,7 +338,10 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
                 row.note = (f"forward only: fwd+bwd would need about {est_train / 1024 ** 3:.1f} GiB "
                             f"> --max-mem-gib {config.max_mem_gib}")
             try:
-                _measure(sub, ctx, case, config, T, row, forward, with_train)
+                if sub.measure is not None:  # its own measurement (decoding)
+                    sub.measure(ctx, case, config, T, row)
+                else:
+                    _measure(sub, ctx, case, config, T, row, forward, with_train)
             except Exception as exc:  # noqa: BLE001 - one failure must not end the benchmark
                 row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
             if row.train_ms is not None and row.train_ms > config.budget_s * 1e3:
@@ -294,6 +350,9 @@ def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, sa
                 if mib:
                     last_peak[key] = (T, mib / 1024)
         gc.collect()
+        if sub.group == "decode" and row.fwd_ms:
+            say(f"[{case.name}] {sub.name} T={T}: {row.status} {row.fwd_ms:.2f} ms per decoded token")
+            continue
         say(f"[{case.name}] {sub.name} T={T}: {row.status} "
             + (f"fwd {row.fwd_ms:.1f} ms, fwd+bwd " + (f"{row.train_ms:.1f} ms" if row.train_ms else "not run")
                if row.fwd_ms else row.note)

@@ -1,16 +1,20 @@
 """What the benchmark runs: a `Subject` is one way of computing a case (a strategy, a layer, a
-baseline), with its own float64 equivalence check.
+baseline, a decoding model), with its own float64 equivalence check.
 
-- `StrategySubject`: ``rule(q, k, v, gates, strategy=...)`` for one registered strategy;
+- `StrategySubject`: ``rule(q, k, v, gates, strategy=...)`` for one registered strategy, on the
+  case's rule or on the case's rule rebuilt with ``anchor = A`` (`StrategySubject.anchor`: an
+  *anchored* subject, e.g. ``core:chunkwise(C=64) on anchor=64`` for a per-token rule that
+  ``core:chunkwise`` refuses at C = 64);
 - `LayerSubject`: the project's `MemoryLayer` around the case's rule (``x: [B, T, d_model]``);
+- `DecodeSubject`: a built ``core:lm`` model decoding one token per ``model.step`` call;
 - baselines (``benchmarks/baselines/``) subclass `Subject` and are loaded by `load_baselines`.
 
-The equivalence gate (`check_against_rule`): before any timing, the subject runs a small float64
-problem and its output and final state are compared with the rule's readable loop — with
-``core:sequential`` (an *exact* strategy) or with ``rule.reference(inputs, anchor_every=C)``, the
-loop whose gradients are taken at the start of each block of C tokens (a *chunk-anchored* strategy;
-its chunk size 1 must then equal ``core:sequential`` too). A subject that matches neither is marked
-FAILED, and the benchmark reports no speedup for it.
+The equivalence gate (`check_against_rule`) has one reference: ``core:sequential`` on the same
+rule — the rule the subject runs, anchored or not (a strategy never changes the function). Before
+any timing the subject runs a small float64 problem, as one call and as two calls cut inside a
+chunk with the state carried, and its outputs and final state are compared with
+``core:sequential`` on that rule. A subject that differs is marked FAILED, and the benchmark
+reports no speedup for it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ CHECK_SIZES = dict(B=1, H=2, Dk=8, Dv=8)
 
 @dataclass
 class Check:
-    status: str  # "passed" | "FAILED" | "reference" | "external" | "error"
+    status: str  # "passed" | "FAILED" | "reference" | "external" | "error" | "skipped"
     detail: str = ""
     max_err: float | None = None
 
@@ -47,16 +51,18 @@ class Subject:
     """Base class: one way to compute a case. Subclasses set ``name`` and implement the rest."""
 
     name: str = "?"
-    group: str = "strategy"  # "strategy" | "layer" | "baseline"
+    group: str = "strategy"  # "strategy" | "layer" | "baseline" | "decode"
     #: the strategy's chunk size (None: not chunked)
     chunk_size: int | None = None
+    #: the anchor of the rule the subject runs (None: the case's rule as specified)
+    anchor: int | None = None
 
     def supports(self, case: Case) -> tuple[bool, str]:
         return True, ""
 
     def setup(self, case: Case, sizes: dict[str, int], dtype: torch.dtype) -> Any:
         """Build what the forward needs (a rule, a module) for these sizes; called once per case."""
-        return case.rule(sizes["H"], sizes["Dk"], sizes["Dv"], dtype)
+        return case.rule(sizes["H"], sizes["Dk"], sizes["Dv"], dtype, anchor=self.anchor)
 
     def forward(self, ctx: Any, inp: Inputs) -> torch.Tensor:
         raise NotImplementedError
@@ -72,30 +78,9 @@ class Subject:
         (used only to skip runs that cannot fit; never reported as a measurement)."""
         return None
 
-
-class AnchoredReference:
-    """A strategy object running the rule's readable loop with gradients anchored every C tokens
-    (``rule.reference(inputs, anchor_every=C)``): the oracle of chunk-anchored strategies."""
-
-    def __init__(self, chunk_size: int) -> None:
-        self.chunk_size = chunk_size
-        self.name = f"reference(anchor_every={chunk_size})"
-
-    def supports(self, rule) -> tuple[bool, str]:
-        return (True, "") if hasattr(rule, "reference") else (False, "no reference loop")
-
-    def run(self, rule, inputs):
-        return rule.reference(inputs, anchor_every=self.chunk_size)
-
-
-def _as_strategy(value):
-    from ..strategies.base import Strategy
-
-    if isinstance(value, AnchoredReference):  # duck-typed into the Strategy contract
-        s = Strategy()
-        s.name, s.supports, s.run = value.name, value.supports, value.run
-        return s
-    return value
+    #: a subject with its own measurement (`DecodeSubject`) implements
+    #: ``measure(ctx, case, config, T, row) -> None`` instead of the forward / fwd+bwd timing
+    measure = None
 
 
 def _max_rel_err(got, ref) -> float:
@@ -114,38 +99,55 @@ def _max_rel_err(got, ref) -> float:
     return err
 
 
-def check_against_rule(case: Case, run: Callable[[Any, Inputs, Any], tuple], chunk_size: int | None,
-                       *, exact_only: bool = False, anchored_only: bool = False,
-                       whole_call: bool = False) -> Check:
-    """The float64 gate. ``run(rule, inputs, strategy_or_None)`` returns ``(y, state)`` computed
-    by the subject (strategy None: the subject's own setting; else that strategy's value)."""
-    rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"], torch.float64)
+def on_rule(anchor: int | None) -> str:
+    """" on the rule with anchor = A" (empty for the case's own rule)."""
+    return "" if anchor is None else f" on the rule with anchor = {anchor}"
+
+
+def check_against_rule(case: Case, run: Callable[..., tuple], chunk_size: int | None, *,
+                       anchor: int | None = None, split: bool = True, T: int | None = None) -> Check:
+    """The float64 gate: the subject equals ``core:sequential`` on the rule it runs.
+
+    ``run(rule, inputs, strategy, state=None)`` returns ``(y, state)`` computed by the subject
+    (strategy None: the subject's own setting; else that strategy's value), continuing from
+    ``state``. The rule is the case's, rebuilt with ``anchor`` when given. With ``split`` the
+    subject also runs the problem as two calls cut inside a chunk (at C + C // 2 + 1 tokens),
+    the second given the first's state; both must equal one call of ``core:sequential``."""
+    rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"], torch.float64, anchor=anchor)
     C = chunk_size or 1
-    T = 37 if whole_call else min(max(2 * C + 5, 37), 160)
+    T = T or min(max(2 * C + 5, 37), 160)
     inp = make_inputs(case, rule.gate_names, T=T, dtype=torch.float64, seed=1, **CHECK_SIZES)
+    ref = "core:sequential" + on_rule(anchor)
     try:
         with torch.no_grad():
             got = run(rule, inp, None)
             seq = run(rule, inp, "core:sequential")
             if not all(torch.isfinite(t).all() for t in [seq[0], *seq[1].values()]):
-                return Check("error", "core:sequential gave non-finite values on the check inputs")
-            err_exact = _max_rel_err(got, seq)
-            if not anchored_only and err_exact <= CHECK_TOL:
-                return Check("passed", f"exact: equals core:sequential (T={T})", err_exact)
-            if exact_only:
-                return Check("FAILED", f"differs from core:sequential by {err_exact:.2e} (T={T})",
-                             err_exact)
-            anchor = T if whole_call else C
-            anc = run(rule, inp, _as_strategy(AnchoredReference(anchor)))
-            err_anc = _max_rel_err(got, anc)
-            if err_anc > CHECK_TOL:
-                return Check("FAILED", f"differs from core:sequential by {err_exact:.2e} and from "
-                             f"the loop anchored every {anchor} tokens by {err_anc:.2e} (T={T})",
-                             min(err_exact, err_anc))
-            return Check("passed", f"anchored: equals the loop anchored every {anchor} tokens "
-                         f"(T={T})", err_anc)
+                return Check("error", f"{ref} gave non-finite values on the check inputs")
+            err = _max_rel_err(got, seq)
+            if err > CHECK_TOL:
+                return Check("FAILED", f"differs from {ref} by {err:.2e} (T={T})", err)
+            detail = f"equals {ref} (T={T}"
+            cut = C + C // 2 + 1
+            if split and 0 < cut < T:
+                a = run(rule, _time_slice(inp, 0, cut), None)
+                b = run(rule, _time_slice(inp, cut, None), None, state=a[1])
+                joined = (torch.cat([a[0], b[0]], dim=1), b[1])
+                err2 = _max_rel_err(joined, seq)
+                if err2 > CHECK_TOL:
+                    return Check("FAILED", f"one call equals {ref}, but two calls cut at token {cut} "
+                                 f"differ from it by {err2:.2e} (T={T})", err2)
+                err = max(err, err2)
+                detail += f"; also as two calls cut at token {cut}"
+            return Check("passed", detail + ")", err)
     except Exception as exc:  # noqa: BLE001 - a crash is a failed check, reported with its reason
         return Check("error", f"{type(exc).__name__}: {exc}")
+
+
+def _time_slice(inp: Inputs, start: int, stop: int | None) -> Inputs:
+    cut = lambda t: None if t is None else t[:, start:stop]  # noqa: E731
+    return Inputs(q=cut(inp.q), k=cut(inp.k), v=cut(inp.v),
+                  gates={n: cut(g) for n, g in inp.gates.items()}, x=cut(inp.x), dy=cut(inp.dy))
 
 
 def _strategy_value(name: str, params: dict[str, Any]) -> Any:
@@ -154,17 +156,20 @@ def _strategy_value(name: str, params: dict[str, Any]) -> Any:
 
 class StrategySubject(Subject):
     """``rule(q, k, v, gates, strategy=...)`` with one strategy (a registered name + params, or a
-    Strategy object)."""
+    Strategy object), on the case's rule or (``anchor``) on it rebuilt with that anchor."""
 
     group = "strategy"
 
-    def __init__(self, strategy: Any, params: dict[str, Any] | None = None, label: str | None = None):
+    def __init__(self, strategy: Any, params: dict[str, Any] | None = None, label: str | None = None,
+                 anchor: int | None = None):
         self.strategy = strategy
         self.params = dict(params or {})
-        self.chunk_size = self.params.get("chunk_size")
+        self.chunk_size = self.params.get("chunk_size") or getattr(strategy, "chunk_size", None)
+        self.anchor = anchor
         base = strategy if isinstance(strategy, str) else getattr(strategy, "name", type(strategy).__name__)
         self.strategy_name = base
-        self.name = label or (f"{base}(C={self.chunk_size})" if self.chunk_size else base)
+        self.name = label or ((f"{base}(C={self.chunk_size})" if self.chunk_size else base)
+                              + (f" on anchor={anchor}" if anchor is not None else ""))
 
     def _value(self, **override):
         if not isinstance(self.strategy, str):
@@ -173,12 +178,12 @@ class StrategySubject(Subject):
 
     def supports(self, case: Case) -> tuple[bool, str]:
         if case.kind != "rule":
-            return False, "a rule-level strategy; this case is a layer"
+            return False, f"a rule-level strategy; this case is a {case.kind}"
         from ..strategies.base import build_strategy
 
-        rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"])
-        strat = self._value()
         try:
+            rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"], anchor=self.anchor)
+            strat = self._value()
             strat = build_strategy(strat) if not hasattr(strat, "supports") else strat
         except Exception as exc:  # noqa: BLE001
             return False, str(exc)
@@ -189,38 +194,39 @@ class StrategySubject(Subject):
         return y
 
     def check(self, case: Case) -> Check:
-        if self.strategy == "core:sequential":
+        if self.strategy == "core:sequential" and self.anchor is None:
             return Check("reference", "the readable loop itself (tested against hand-written loops)")
 
-        def run(rule, inp, strategy):
+        def run(rule, inp, strategy, state=None):
             value = self._value() if strategy is None else strategy
-            return rule(inp.q, inp.k, inp.v, gates=inp.gates, strategy=_as_strategy(value))
+            return rule(inp.q, inp.k, inp.v, gates=inp.gates, state=state, strategy=value)
 
-        out = check_against_rule(case, run, self.chunk_size)
-        if out.ok and out.detail.startswith("anchored") and self.chunk_size and isinstance(self.strategy, str):
-            # chunk size 1 of an anchored strategy must be the sequential rule itself
-            one = check_against_rule(
-                case, lambda rule, inp, s: run(rule, inp, self._value(chunk_size=1) if s is None else s),
-                1, exact_only=True)
-            if not one.ok:
-                return Check("FAILED", f"at chunk size 1: {one.detail}", one.max_err)
-            out.detail += "; chunk size 1 equals core:sequential"
-        return out
+        return check_against_rule(case, run, self.chunk_size, anchor=self.anchor)
 
 
 class LayerSubject(Subject):
     """The project's `MemoryLayer` (projections, short conv, q/k norm, gates, output norm and gate)
-    around the case's rule, with a given strategy."""
+    around the case's rule (rebuilt with ``anchor`` when given), with a given strategy."""
 
     group = "layer"
 
-    def __init__(self, strategy: Any, params: dict[str, Any] | None = None, label: str | None = None):
-        self.inner = StrategySubject(strategy, params)
+    def __init__(self, strategy: Any, params: dict[str, Any] | None = None, label: str | None = None,
+                 anchor: int | None = None):
+        self.inner = StrategySubject(strategy, params, anchor=anchor)
         self.chunk_size = self.inner.chunk_size
+        self.anchor = anchor
         self.name = label or f"atlas MemoryLayer, {self.inner.name}"
 
     def supports(self, case: Case) -> tuple[bool, str]:
-        return (True, "") if case.kind == "layer" else (False, "a layer subject; this case is a rule")
+        if case.kind != "layer":
+            return False, "a layer subject; this case is a rule"
+        from ..strategies.base import build_strategy
+
+        try:
+            rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"], anchor=self.anchor)
+            return build_strategy(self.inner._value()).supports(rule)
+        except Exception as exc:  # noqa: BLE001
+            return False, str(exc)
 
     def _layer(self, case: Case, sizes: dict[str, int], dtype, strategy):
         from ..layer import LayerParams, MemoryLayer
@@ -228,7 +234,7 @@ class LayerSubject(Subject):
 
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            rule = build_rule(case.spec)
+            rule = build_rule(case.rule_spec(self.anchor))
             layer = MemoryLayer(sizes["H"] * sizes["Dk"], sizes["H"], rule,
                                 LayerParams(d_key=sizes["Dk"], d_value=sizes["Dv"], **case.layer),
                                 strategy=strategy)
@@ -242,12 +248,121 @@ class LayerSubject(Subject):
 
     def check(self, case: Case) -> Check:
         layer = self._layer(case, CHECK_SIZES, torch.float64, self.inner._value())
+        own = layer.runner
 
-        def run(rule_unused, inp, strategy):
-            layer.strategy = self.inner._value() if strategy is None else _as_strategy(strategy)
-            return layer(inp.x)
+        def run(rule_unused, inp, strategy, state=None):
+            # the layer runs its bound runner: swap it for core:sequential on the same rule
+            layer.runner = own if strategy is None else layer.rule.runner(strategy)
+            try:
+                return layer(inp.x, state)
+            finally:
+                layer.runner = own
 
-        return check_against_rule(case, run, self.chunk_size)
+        return check_against_rule(case, run, self.chunk_size, anchor=self.anchor)
+
+
+class DecodeSubject(Subject):
+    """Decoding with a built model (``core:lm`` around a decode case's rule, strategy
+    ``core:chunkwise`` at ``chunk_size``): after a T-token prompt (one `model.step` call, not
+    timed), `decode_tokens` one-token `model.step` calls with the carried state, fed fixed tokens
+    (the same for every chunk size). The row's ``fwd ms`` is milliseconds per decoded token (the
+    fastest of the runs of the whole loop, divided by its tokens); there is no fwd+bwd."""
+
+    group = "decode"
+
+    def __init__(self, chunk_size: int, decode_tokens: int = 16, strategy: str = "core:chunkwise"):
+        self.chunk_size = chunk_size
+        self.decode_tokens = decode_tokens
+        self.strategy = strategy
+        self.name = f"model.step, {strategy}(C={chunk_size})"
+
+    def _value(self, chunk_size: int | None = None):
+        return {"use": self.strategy, "chunk_size": chunk_size or self.chunk_size}
+
+    def supports(self, case: Case) -> tuple[bool, str]:
+        if case.kind != "decode":
+            return False, "a decode subject; this case is not decoding"
+        from ..strategies.base import build_strategy
+
+        try:
+            rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"])
+            return build_strategy(self._value()).supports(rule)
+        except Exception as exc:  # noqa: BLE001
+            return False, str(exc)
+
+    def build(self, case: Case, sizes: dict[str, int], dtype, strategy=None):
+        from ..model import build_model
+
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = build_model(case.model_spec(sizes, strategy or self._value()))
+        return model.to(dtype).eval()
+
+    def setup(self, case: Case, sizes: dict[str, int], dtype: torch.dtype):
+        return self.build(case, sizes, dtype)
+
+    def tokens(self, B: int, n: int) -> torch.Tensor:
+        """The decoded tokens: fixed ids (seed 7), whatever the chunk size and the logits."""
+        from .cases import DECODE_MODEL
+
+        g = torch.Generator().manual_seed(7)
+        return torch.randint(0, DECODE_MODEL["vocab_size"], (B, n), generator=g)
+
+    def decode(self, model, prompt: torch.Tensor, tokens: torch.Tensor):
+        """Logits of the prompt's last token and of every decoded token ``[B, 1 + n, vocab]``."""
+        with torch.no_grad():
+            logits, state = model.step(prompt, None)
+            out = [logits[:, -1:]]
+            for i in range(tokens.shape[1]):
+                logits, state = model.step(tokens[:, i : i + 1], state)
+                out.append(logits)
+        return torch.cat(out, dim=1)
+
+    def parameters(self, ctx: Any) -> list[torch.Tensor]:
+        return []
+
+    def measure(self, model, case: Case, config: Any, T: int, row: Any) -> None:
+        import time
+
+        inp = make_inputs(case, (), T=T, **config.sizes)
+        toks = self.tokens(config.batch, self.decode_tokens)
+        with torch.no_grad():
+            _, start = model.step(inp.x, None)  # the prompt: not timed
+
+            def loop():
+                state = start
+                for i in range(toks.shape[1]):
+                    _, state = model.step(toks[:, i : i + 1], state)
+
+            best, runs = float("inf"), 0
+            for _ in range(1 + config.repeats):
+                t0 = time.perf_counter()
+                loop()
+                best = min(best, time.perf_counter() - t0)
+                runs += 1
+        row.fwd_ms = best / toks.shape[1] * 1e3
+        row.runs = runs
+        row.note = f"fwd ms = ms per one-token model.step ({toks.shape[1]} tokens after a {T}-token prompt)"
+
+    def check(self, case: Case) -> Check:
+        """Every logit of the prompt and of the decoded tokens equals the same model (same
+        weights) run by core:sequential, float64 (a strategy never changes the function)."""
+        try:
+            sizes = dict(CHECK_SIZES)
+            model = self.build(case, sizes, torch.float64)
+            seq = self.build(case, sizes, torch.float64, strategy="core:sequential")
+            T = min(max(2 * self.chunk_size + 5, 37), 160)
+            prompt = make_inputs(case, (), T=T, **sizes).x
+            toks = self.tokens(sizes["B"], 8)
+            got, want = self.decode(model, prompt, toks), self.decode(seq, prompt, toks)
+            err = (got - want).abs().max().item() / (1.0 + want.abs().max().item())
+            if not err <= CHECK_TOL:
+                return Check("FAILED", f"decoded logits differ from the model under core:sequential by "
+                             f"{err:.2e} (prompt T={T}, 8 one-token steps)", err)
+            return Check("passed", f"decoded logits equal the model under core:sequential (prompt "
+                         f"T={T}, 8 one-token steps)", err)
+        except Exception as exc:  # noqa: BLE001
+            return Check("error", f"{type(exc).__name__}: {exc}")
 
 
 def load_baselines(directory: str | Path, config: Any = None) -> tuple[list[Subject], list[str]]:

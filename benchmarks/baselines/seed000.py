@@ -2,7 +2,7 @@
 
 Written from the seed's description (``../shared/seeds/000_*.txt``, "Parallelization via Efficient
 Scalar Scan", ``efficient_forward``), in this project's conventions so that its output can be
-checked against the rule's anchored loop:
+checked against ``core:sequential``:
 
     pred  = S_ref phi_t                  every gradient at S_ref = S_0, the memory at the call's start
     g_t   = (pred_t - v_t) phi_t^T * w_t  [B, H, T, Dv, Dk]   (w_t = gamma_t * lag[0])
@@ -18,11 +18,15 @@ seed's scan dependency (the JAX-style ``associative_scan``): O(log T) depth, abo
 Every [B, H, T, Dv, Dk] intermediate is materialised: at T = 8192, d = 64 one of them is 128 MiB
 per (batch x head) in float32 — the memory cost MATH.md's chunkwise forms avoid.
 
-Equivalence: with one anchor for the whole call this is exactly ``rule.reference(inputs,
-anchor_every=T)``; the benchmark's gate checks that (float64) before timing it. Supported rules:
-linear memory, l2 bias, decay or no retention, gd or momentum, a window with a constant lag weight
-(``gamma = "gate"`` or ``"uniform"``). The benchmark measures it on the titans, omega16 and delta
-rules.
+Equivalence: taking every gradient of a call at the call's start memory is the rule with one
+anchor block per call: the case's rule rebuilt with ``anchor = MAX_ANCHOR`` (2^20 tokens, longer
+than any call), run from the start of a block. That is the rule this subject runs and times, and
+the benchmark's gate checks, in float64 before timing, that it equals ``core:sequential`` on that
+rule. A call that starts inside a block or is longer than the anchor is refused (the seed has no
+way to carry a block across calls), and so is a per-token rule (anchor = 1): the seed computes
+another function there. Supported rules: linear memory, l2 bias, decay or no retention, gd or
+momentum, a window with a constant lag weight (``gamma = "gate"`` or ``"uniform"``). The benchmark
+measures it on the titans, omega16 and delta rules.
 """
 
 from __future__ import annotations
@@ -88,8 +92,17 @@ def sliding_sum(g: torch.Tensor, window: int, T: int) -> torch.Tensor:
 
 def seed000_forward(rule, p):
     """The seed's algorithm on a rule's prepared inputs ``p`` (`atlas_core.rule.MemoryInputs`):
-    returns ``(y [B, H, T, Dv], state)`` like a strategy."""
+    returns ``(y [B, H, T, Dv], state)`` like a strategy. The call must be one anchor block: it
+    starts at a block boundary and is no longer than the rule's anchor."""
+    from atlas_core.errors import StrategyError
+
     B, H, T = p.shape
+    A = getattr(rule, "anchor", 1)
+    if rule.position(p) != 0 or T > A:
+        raise StrategyError(
+            f"seed000 takes every gradient of a call at the call's start memory: that is this rule "
+            f"(anchor = {A}) only for a call that starts a block and has at most {A} tokens; this "
+            f"call starts {rule.position(p)} tokens into a block and has {T}")
     c = rule.window
     S0 = p.state["M"]
     momentum = rule.algorithm.linear_form == "momentum"
@@ -117,7 +130,9 @@ def seed000_forward(rule, p):
         y0 = einsum(S0, p.psi[:, :, :1], "b h d e, b h t e -> b h t d")
         y = torch.cat([y0, einsum(S_all[:, :, :-1], p.psi[:, :, 1:], "b h t d e, b h t e -> b h t d")], 2)
     xk, xv, xg = rule._extended(p)
-    return y, rule._final_state({"M": S_all[:, :, -1]}, opt, xk, xv, xg)
+    W = {"M": S_all[:, :, -1]}
+    anchored = rule.anchor_state(p, {"M": S0}, W) if A > 1 else None
+    return y, rule._final_state(W, opt, xk, xv, xg, anchored)
 
 
 class Seed000Strategy:
@@ -130,6 +145,9 @@ class Seed000Strategy:
 
         if not getattr(rule, "structure", None) or not rule.structure.is_linear:
             return False, "the seed's closed-form gradient is for linear (matrix) memory"
+        if getattr(rule, "anchor", 1) == 1:
+            return False, ("the seed takes every gradient of a call at the call's start memory: the "
+                           "rule with one anchor block per call, not the per-token rule (anchor = 1)")
         inner = getattr(rule.bias, "inner", rule.bias)
         if type(inner).error is not L2Bias.error:
             return False, "the seed's gradient is the l2 (delta-rule) one"
@@ -147,17 +165,22 @@ class Seed000Strategy:
 
 
 class Seed000Subject(Subject):
+    """The seed's algorithm on the case's rule with one anchor block per call (``anchor``)."""
+
     group = "baseline"
     name = "seed000 (materialises [BH,T,d,d])"
 
     def __init__(self, cases=("titans", "omega16", "delta")) -> None:
+        from atlas_core.rule import MAX_ANCHOR
+
         self.cases = set(cases)
         self.strategy = Seed000Strategy()
+        self.anchor = MAX_ANCHOR  # every call of the benchmark is one block
 
     def supports(self, case: Case) -> tuple[bool, str]:
         if case.kind != "rule" or case.name not in self.cases:
             return False, "measured on the titans, omega16 and delta rules"
-        return self.strategy.supports(case.rule(2, 8, 8))
+        return self.strategy.supports(case.rule(2, 8, 8, anchor=self.anchor))
 
     def forward(self, rule, inp: Inputs) -> torch.Tensor:
         return rule(inp.q, inp.k, inp.v, gates=inp.gates, strategy=self._strategy())[0]
@@ -170,11 +193,12 @@ class Seed000Subject(Subject):
         return s
 
     def check(self, case: Case) -> Check:
-        def run(rule, inp, strategy):
+        def run(rule, inp, strategy, state=None):
             s = self._strategy() if strategy is None else strategy
-            return rule(inp.q, inp.k, inp.v, gates=inp.gates, strategy=s)
+            return rule(inp.q, inp.k, inp.v, gates=inp.gates, state=state, strategy=s)
 
-        return check_against_rule(case, run, None, anchored_only=True, whole_call=True)
+        # one call (a split call would start inside the block, which the seed refuses)
+        return check_against_rule(case, run, None, anchor=self.anchor, split=False, T=37)
 
     def memory_estimate(self, case: Case, sizes: dict[str, int], T: int, train: bool = True) -> int:
         # measured with the benchmark's live-tensor counter at small T (float32):
