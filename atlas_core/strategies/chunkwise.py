@@ -219,6 +219,16 @@ class Chunkwise(Strategy):
         for attr in ("structure", "bias", "retention", "algorithm"):
             if not hasattr(rule, attr):
                 return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
+        if not rule.retention.linear:
+            return False, (
+                f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
+                "after each step), so a chunk cannot be solved as a linear recurrence"
+            )
+        if type(rule.algorithm).chunk is Algorithm.chunk:
+            hint = getattr(rule.algorithm, "chunk_hint", "")
+            return False, (
+                f"algorithm {rule.spec.get('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
+            )
         A, C = int(getattr(rule, "anchor", 1)), self.chunk_size
         free = A == 1 and _anchor_free(rule)  # any chunk: the gradients ignore the memory
         if C is None and A == 1 and not free:
@@ -238,16 +248,6 @@ class Chunkwise(Strategy):
             return False, (
                 f"chunk_size={C} does not divide the rule's anchor={A}: a chunk must lie inside "
                 f"one anchor block; use a divisor of {A} (e.g. {self.chunk_for_anchor(A)})"
-            )
-        if not rule.retention.linear:
-            return False, (
-                f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
-                "after each step), so a chunk cannot be solved as a linear recurrence"
-            )
-        if type(rule.algorithm).chunk is Algorithm.chunk:
-            hint = getattr(rule.algorithm, "chunk_hint", "")
-            return False, (
-                f"algorithm {rule.spec.get('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
             )
         return True, ""
 

@@ -30,7 +30,7 @@ from .results import RULE_BEARING, Failure, Skip
 KNOBS = ("structure", "bias", "retention", "algorithm", "feature_map")
 KIND_PREFERENCE = ("rule", "strategy", *KNOBS, "backend", "arch", "task")
 CHUNK = 3  # the chunk size of the chunked variants (T = 7 leaves a ragged last chunk)
-_NAME = re.compile(r"^[A-Za-z_][\w]*:[\w.\-]+$")
+_NAME = re.compile(r"^[A-Za-z_][\w]*:[\w.\-]+\Z")
 
 
 @dataclass(frozen=True)
