@@ -1,6 +1,6 @@
 """atlas_core: test-time memory layers composed from the MIRAS knobs.
 
-The public surface (DESIGN.md, "Public surface")::
+The public surface (docs/architecture.md)::
 
     import atlas_core as ac
     rule = ac.build_rule({"structure": "core:linear", "bias": "core:l2", ...})

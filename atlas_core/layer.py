@@ -8,7 +8,7 @@ memory's initial weights, which the layer registers by holding the rule). For an
 2. a short causal depthwise convolution (kernel ``conv_size``) on each of q, k, v, then SiLU
    (Titans Sec 4.4; Atlas spec seed);
 3. split into heads ``[B, T, H, D]``; l2-normalise q and k (``qk_norm``);
-4. gates from x, each ``[B, T, H]`` (MATH.md names), one linear map per gate:
+4. gates from x, each ``[B, T, H]`` (docs/math.md names), one linear map per gate:
    ``alpha = sigmoid(w_a x + b_a)`` (retain factor, b_a = 3.0 -> ~0.95),
    ``eta = sigmoid(w_e x + b_e)`` (momentum decay, b_e = 2.0 -> ~0.88),
    ``theta = theta_scale * sigmoid(w_t x + b_t)`` (inner learning rate, b_t = -4.6 -> ~0.01),

@@ -1,6 +1,6 @@
 """Rules: a composition of the MIRAS knobs, or a standalone rule, and the call contract.
 
-A rule is a pure function of explicit tensors (MATH.md, "Shapes and names")::
+A rule is a pure function of explicit tensors (docs/math.md, "Shapes and names")::
 
     y, state = rule(q, k, v, gates={"alpha": a, "eta": e, "theta": th}, state=None,
                     strategy="core:sequential")

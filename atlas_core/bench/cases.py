@@ -3,7 +3,7 @@
 A `Case` is one memory rule (a spec for `atlas_core.build_rule`), one memory layer (``kind =
 "layer"``: ``x: [B, T, d_model]`` in, the layer's output out), or decoding with a built model
 (``kind = "decode"``: a ``core:lm`` model around the rule, one-token ``model.step`` calls after a
-T-token prompt). `make_inputs` draws inputs with the shapes of MATH.md — ``q, k: [B, T, H, Dk]``
+T-token prompt). `make_inputs` draws inputs with the shapes of docs/math.md — ``q, k: [B, T, H, Dk]``
 (l2-normalised, as the memory layer feeds them), ``v: [B, T, H, Dv]``, each gate ``[B, T, H]`` in
 the range the layer's default gate biases give — from a fixed seed, so every strategy of a case
 sees the same numbers.

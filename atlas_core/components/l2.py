@@ -1,7 +1,7 @@
 """``core:l2``: the delta-rule attentional bias ``l(M) = 1/2 ||M(phi(k)) - v||^2``.
 
 Derivative w.r.t. the prediction: ``e = M(phi(k)) - v``; for linear memory the gradient is
-``e phi(k)^T`` (MATH.md, knob 2).
+``e phi(k)^T`` (docs/math.md, knob 2).
 """
 
 from __future__ import annotations

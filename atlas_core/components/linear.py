@@ -1,4 +1,4 @@
-"""``core:linear``: the matrix memory ``M(x) = M x`` (MATH.md, "Linear (matrix) memory").
+"""``core:linear``: the matrix memory ``M(x) = M x`` (docs/math.md, "Linear (matrix) memory").
 
 Weights: ``{"M": [B, H, Dv, Dphi]}``, zero at the start. The inner gradient of
 ``sum_n <M x_n, u_n>`` is ``sum_n u_n x_n^T``.

@@ -1,7 +1,7 @@
 """The four MIRAS knobs plus the feature map: small objects, pure math.
 
 A memory rule is the online minimisation, token by token, of an attentional bias plus a retention
-term, by an inner optimiser (the algorithm), over a memory structure (MATH.md, "The four MIRAS
+term, by an inner optimiser (the algorithm), over a memory structure (docs/math.md, "The four MIRAS
 knobs"). Each interface lives in its own module; the core implementations are in
 `atlas_core.components`.
 """

@@ -1,4 +1,4 @@
-"""Algorithm: the inner optimiser (MATH.md, knob 4), with ``g_t = grad L_t(M_{t-1})``.
+"""Algorithm: the inner optimiser (docs/math.md, knob 4), with ``g_t = grad L_t(M_{t-1})``.
 
 Two entry points:
 - `step` advances one token (used by ``core:sequential``);

@@ -1,4 +1,4 @@
-"""Attentional bias: the inner loss l_t(M) of token t (MATH.md, knob 2).
+"""Attentional bias: the inner loss l_t(M) of token t (docs/math.md, knob 2).
 
 A bias is written through its derivative with respect to the prediction: with
 ``pred = M(phi(k_t))`` the gradient of l_t w.r.t. the memory is the structure's VJP of

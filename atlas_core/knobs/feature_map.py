@@ -1,4 +1,4 @@
-"""Feature map phi, applied to keys and queries before the memory sees them (MATH.md).
+"""Feature map phi, applied to keys and queries before the memory sees them (docs/math.md).
 
 ``forward(x)`` maps ``[..., Dk] -> [..., Dphi]``; `out_dim` gives Dphi for an input size. A map with
 learned coefficients is an ``nn.Module`` whose parameters belong to whoever holds the rule (the

@@ -1,4 +1,4 @@
-"""Retention: how much of the old memory a step keeps (MATH.md, knob 3).
+"""Retention: how much of the old memory a step keeps (docs/math.md, knob 3).
 
 A step computes ``raw = alpha_t * pre(M_{t-1}) + delta_t`` and ``M_t = post(raw)``, where delta is
 the algorithm's update. Linear retentions (``core:none``, ``core:decay``) use identity pre/post and

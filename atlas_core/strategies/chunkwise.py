@@ -15,7 +15,7 @@ not depend on the memory, so anchoring changes nothing). A per-token rule (``anc
 memory-dependent bias is refused for C > 1: its exact chunked form is ``core:exact_chunk``.
 
 Two paths:
-- **linear memory with gd or momentum** (MATH.md, "Parallel forms"): with U the bias's error
+- **linear memory with gd or momentum** (docs/math.md, "Parallel forms"): with U the bias's error
   derivatives at the anchor and Phi the (window-extended) keys, the memory after token t is
   ``M_t = A_t M_0 - P^L_t Z_0 - sum_l K[t, l] u_l phi_l^T``, so
   ``y_t = A_t M_0 psi_t - P^L_t Z_0 psi_t - sum_l K[t, l] (phi_l . psi_t) u_l``:

@@ -21,10 +21,10 @@ import torch
 
 from .results import Failure, Skip
 
-# Gate ranges of the random calls (MATH.md conventions): wide enough to exercise every term.
+# Gate ranges of the random calls (docs/math.md conventions): wide enough to exercise every term.
 RANDOM_GATES = {"alpha": (0.6, 1.0), "eta": (0.0, 0.9), "theta": (0.05, 0.5), "gamma": (0.5, 1.0)}
 OTHER_GATE = (0.2, 0.8)
-# "Default gates" of the stability check: the memory layer's gate-bias defaults (MATH.md,
+# "Default gates" of the stability check: the memory layer's gate-bias defaults (docs/math.md,
 # "Defaults worth knowing"), gate = sigmoid(bias + 0.5 * noise).
 DEFAULT_GATE_BIAS = {"alpha": 3.0, "eta": 2.0, "theta": -4.6, "gamma": 3.0}
 
@@ -38,7 +38,7 @@ def _gate_bias() -> dict[str, float]:
         from atlas_core.layer import GateBias
 
         return dict(GateBias().model_dump())
-    except Exception:  # noqa: BLE001 - fall back to MATH.md's numbers
+    except Exception:  # noqa: BLE001 - fall back to docs/math.md's numbers
         return dict(DEFAULT_GATE_BIAS)
 
 

@@ -7,7 +7,7 @@ checked against ``core:sequential``:
     pred  = S_ref phi_t                  every gradient at S_ref = S_0, the memory at the call's start
     g_t   = (pred_t - v_t) phi_t^T * w_t  [B, H, T, Dv, Dk]   (w_t = gamma_t * lag[0])
     g     = sliding_sum(g, c)            the Omega window over the last c per-token gradients
-    Z_all = scalar_scan(eta, theta g, Z_0)      momentum (MATH.md's core:momentum: theta inside Z;
+    Z_all = scalar_scan(eta, theta g, Z_0)      momentum (docs/math.md's core:momentum: theta inside Z;
                                                 the seed writes lr outside, which differs when the
                                                 learning rate changes per token)
     S_all = scalar_scan(alpha, -Z_all, S_0)     (gd: scalar_scan(alpha, -theta g, S_0))
@@ -16,7 +16,7 @@ checked against ``core:sequential``:
 ``scalar_scan`` (``h_t = a_t h_{t-1} + x_t``) is the recursive odd/even associative scan of the
 seed's scan dependency (the JAX-style ``associative_scan``): O(log T) depth, about 2T combines.
 Every [B, H, T, Dv, Dk] intermediate is materialised: at T = 8192, d = 64 one of them is 128 MiB
-per (batch x head) in float32 — the memory cost MATH.md's chunkwise forms avoid.
+per (batch x head) in float32 — the memory cost docs/math.md's chunkwise forms avoid.
 
 Equivalence: taking every gradient of a call at the call's start memory is the rule with one
 anchor block per call: the case's rule rebuilt with ``anchor = MAX_ANCHOR`` (2^20 tokens, longer

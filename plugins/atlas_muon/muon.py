@@ -1,4 +1,4 @@
-"""``atlas_muon:muon``: momentum orthogonalised by Newton–Schulz (Atlas Eq 32-33, MATH.md knob 4).
+"""``atlas_muon:muon``: momentum orthogonalised by Newton–Schulz (Atlas Eq 32-33, docs/math.md knob 4).
 
 With ``g_t = grad L_t(M_{t-1})`` and ``Z_0 = 0``::
 

@@ -1,4 +1,4 @@
-"""Newton–Schulz orthogonalisation ``NS_k`` (MATH.md, "Newton–Schulz"; Atlas Eq 32, Muon).
+"""Newton–Schulz orthogonalisation ``NS_k`` (docs/math.md, "Newton–Schulz"; Atlas Eq 32, Muon).
 
 ::
 

@@ -1,6 +1,6 @@
 """``atlas_muon:atlas_parallel``: chunk-parallel training of Muon rules (Atlas Sec 5, Eq 15, 32-34).
 
-Per chunk of C tokens (MATH.md, "Parallel forms"):
+Per chunk of C tokens (docs/math.md, "Parallel forms"):
 
 1. every gradient is taken at the chunk's anchor, the memory before the chunk, so the per-token
    (window-weighted) gradients ``G: [B, H, C, *s]`` come from one batched VJP;

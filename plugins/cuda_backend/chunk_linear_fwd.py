@@ -1,6 +1,6 @@
 """Triton forward kernel of the chunk-anchored linear-memory update (``core:chunkwise`` fast path).
 
-Implements, per (batch, head), the chunk form of MATH.md "Parallel forms" (Titans Sec 3.2, MIRAS
+Implements, per (batch, head), the chunk form of docs/math.md "Parallel forms" (Titans Sec 3.2, MIRAS
 Eq 28, Atlas Eq 15) exactly as `atlas_core.strategies.chunkwise.Chunkwise._linear_chunk` writes it.
 For one chunk of n tokens (n <= C) with window c and m = n + c - 1 extended positions:
 

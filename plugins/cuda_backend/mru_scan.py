@@ -1,4 +1,4 @@
-"""Triton kernels for the MRU matrix-product scan, forward and backward (seed 002; MATH.md "Matrix
+"""Triton kernels for the MRU matrix-product scan, forward and backward (seed 002; docs/math.md "Matrix
 Recurrent Unit"), as a differentiable op.
 
     H_t = H_{t-1} X_t   (earlier factors on the left),   H_0 = h0 or the identity

@@ -1,4 +1,4 @@
-"""Exact cumulative matrix products with a closed-form backward (seed 002, MATH.md "Matrix
+"""Exact cumulative matrix products with a closed-form backward (seed 002, docs/math.md "Matrix
 Recurrent Unit").
 
 Forward, earlier factors on the left:

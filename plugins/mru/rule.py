@@ -1,4 +1,4 @@
-"""``mru:mru``: the Matrix Recurrent Unit as a standalone rule (seed 002; MATH.md "Matrix
+"""``mru:mru``: the Matrix Recurrent Unit as a standalone rule (seed 002; docs/math.md "Matrix
 Recurrent Unit").
 
     H_t = H_{t-1} X_t          (earlier factors on the left),   H_0 = I or the carried state

@@ -1,6 +1,6 @@
 """Inclusive prefix scans over an associative, NON-commutative combine.
 
-Seed 002 (mru-lm) and MATH.md "Associative scan": the MRU state ``H_t = X_1 X_2 ... X_t`` is an
+Seed 002 (mru-lm) and docs/math.md "Associative scan": the MRU state ``H_t = X_1 X_2 ... X_t`` is an
 inclusive scan under matrix multiplication, so any prefix-scan network computes it in O(log T)
 sequential steps. The same networks also run the reverse scan of the closed-form backward, whose
 elements are affine maps (see `cumprod.py`), so every algorithm here is written against an

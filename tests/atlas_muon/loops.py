@@ -1,4 +1,4 @@
-"""Hand-written loops of MATH.md's Muon rule, written independently of the library (explicit
+"""Hand-written loops of docs/math.md's Muon rule, written independently of the library (explicit
 matrices, a per-matrix Newton–Schulz, no knob objects): the oracles the atlas_muon code is tested
 against. float64 throughout."""
 
@@ -10,7 +10,7 @@ QUINTIC = (3.4445, -4.7750, 2.0315)
 
 
 def ns_matrix(G: torch.Tensor, steps: int = 5, coeffs=QUINTIC, eps: float = 1e-7) -> torch.Tensor:
-    """NS_k for ONE matrix [r, c], exactly as MATH.md writes it."""
+    """NS_k for ONE matrix [r, c], exactly as docs/math.md writes it."""
     a, b, c = coeffs
     X = G / (torch.sqrt((G * G).sum()) + eps)
     tall = G.shape[0] > G.shape[1]

@@ -1,4 +1,4 @@
-"""``atlas_muon:muon`` under ``core:sequential`` against hand-written loops of MATH.md's equations
+"""``atlas_muon:muon`` under ``core:sequential`` against hand-written loops of docs/math.md's equations
 (float64, tiny sizes): linear memory with windows 1 and 8, deep ``titans:mlp`` memory."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Newton–Schulz (MATH.md, "Newton–Schulz"): spectrum, symmetry, batching, precision, zeros."""
+"""Newton–Schulz (docs/math.md, "Newton–Schulz"): spectrum, symmetry, batching, precision, zeros."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hand-written loops of MATH.md's equations for linear memory, written independently of the
+"""Hand-written loops of docs/math.md's equations for linear memory, written independently of the
 library (explicit matrices, no knob objects): the oracles the core strategies are tested against."""
 
 from __future__ import annotations

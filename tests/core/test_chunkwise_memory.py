@@ -1,4 +1,4 @@
-"""core:chunkwise on linear memory never forms a d x d tensor per token (MATH.md, "Parallel forms")."""
+"""core:chunkwise on linear memory never forms a d x d tensor per token (docs/math.md, "Parallel forms")."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -1,4 +1,4 @@
-"""MATH.md "Reductions that tests must check", for the core knobs."""
+"""docs/math.md "Reductions that tests must check", for the core knobs."""
 
 import torch
 

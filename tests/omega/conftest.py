@@ -22,7 +22,7 @@ ALL_GATES = ("alpha", "eta", "theta", "gamma")
 
 def make_inputs(B=2, T=12, H=2, Dk=3, Dv=4, dtype=torch.float64, seed=0, gates=ALL_GATES,
                 requires_grad=False):
-    """q, k (l2-normalised), v: [B, T, H, D]; gates {name: [B, T, H]} in their MATH.md ranges."""
+    """q, k (l2-normalised), v: [B, T, H, D]; gates {name: [B, T, H]} in their docs/math.md ranges."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, Dk, generator=g, dtype=dtype)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=dtype), dim=-1)

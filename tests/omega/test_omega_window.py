@@ -1,6 +1,6 @@
-"""``omega:window`` under ``core:sequential`` against a hand-written loop of Atlas Eq 9 (MATH.md).
+"""``omega:window`` under ``core:sequential`` against a hand-written loop of Atlas Eq 9 (docs/math.md).
 
-The loop below is written from MATH.md only: for each token t,
+The loop below is written from docs/math.md only: for each token t,
 ``g_t = sum_{i=max(0,t-c+1)}^{t} gamma_i * lag[t-i] * (M_{t-1} phi(k_i) - v_i) phi(k_i)^T``, then
 gd (``M_t = alpha_t M_{t-1} - theta_t g_t``) or momentum (``Z_t = eta_t Z_{t-1} + theta_t g_t``,
 ``M_t = alpha_t M_{t-1} - Z_t``), read ``y_t = M_t phi(q_t)`` (after) or ``M_{t-1} phi(q_t)``

@@ -2,7 +2,7 @@
 
 With ``e = M(phi(k_t)) - v_t`` (``[..., Dv]``) and threshold ``delta > 0``:
 
-- ``mode = "elementwise"`` (MATH.md's convention, the default): the coordinate-wise Huber loss
+- ``mode = "elementwise"`` (docs/math.md's convention, the default): the coordinate-wise Huber loss
   ``l = sum_i h(e_i)`` with ``h(x) = x^2 / 2`` for ``|x| <= delta`` and
   ``delta (|x| - delta / 2)`` beyond; its derivative is ``clip(e, -delta, delta)``.
 - ``mode = "norm"``: the Huber loss of the error vector, ``||e||^2 / 2`` for ``||e|| <= delta`` and
@@ -32,7 +32,7 @@ from atlas_core.knobs import Bias
 class HuberParams(Params):
     delta: float = Field(1.0, gt=0.0, description="threshold between the quadratic and the linear branch")
     mode: Literal["elementwise", "norm"] = Field(
-        "elementwise", description="clip each coordinate (MATH.md) or shrink the error vector by its norm"
+        "elementwise", description="clip each coordinate (docs/math.md) or shrink the error vector by its norm"
     )
 
 

@@ -2,7 +2,7 @@
 
 With the prediction error ``e = M(phi(k_t)) - v_t`` (shape ``[..., Dv]``) the bias is
 
-    l(M) = 1/p * sum_i (e_i^2 + eps)^(p/2)          (1/p sum |e_i|^p when eps = 0; MATH.md)
+    l(M) = 1/p * sum_i (e_i^2 + eps)^(p/2)          (1/p sum |e_i|^p when eps = 0; docs/math.md)
 
 and its derivative with respect to the prediction, what `error` returns, is
 
