@@ -38,19 +38,30 @@ batched triangular solve). The reads, with ``R = K, A, PL`` for "after" and ``K'
     Z_next = P_C Z0 + E^T diag(E[C, j] w[j, s]) X.
 
 Everything that does not involve the memory (decay matrices, Gram matrices, ``N``, ``Pm``, the
-solve) is formed for all chunks at once. The loop over chunks does two products per chunk on the
-stacked state ``[S | Z0]: [Dv, d]`` (gd) or ``[Dv, 2 d]`` (momentum): ``E = [W_S | -W_Z] [S | Z0]^T
-- U`` and ``[S | Z]_next = mix([S | Z0]) + E^T [D_S | D_Z]`` (``mix`` the 2 x 2 scalar map of
-(S, Z0) above); the reads of all chunks are batched after it. Only the state at chunk boundaries
-is kept. For c > 1 the (C c)^2 Gram matrix is gathered (unfold) from the (C + c - 1)^2 one of the
-chunk's distinct keys, and the read scores likewise.
+solve, the per-row scalings of X and Q) is formed for all chunks at once; the solve is posed
+right-sided (``X (I + N)^T = R^T``), the layout LAPACK's trsm takes without a copy. The loop over
+chunks keeps the state transposed, ``St = [S^T ; Z0^T]: [2 Dk, Dv]`` (gd: ``S^T``), so that each
+chunk is four plain products and one small one, all independent of T:
 
-Cost per token, multiply-adds, d = Dk = Dv, c = 1: gd about ``3 C d`` (Gram, reads, half the
-solve's 2 d columns) ``+ 3 d^2``; momentum about ``C^2`` (K = L E) ``+ 4.5 C d + 6 d^2``, against
-``C^2 + 2 C d + 5 d^2`` for ``core:chunkwise`` on the anchored rule (its per-token anchored
-gradient needs no solve and one product with the state fewer). The window multiplies the memory
-products by c and the solve by c^2: ``(C c)^2 (2 d + Dv) / 2`` per chunk. Memory O(T C c^2 + T c d
-+ (T / C) d^2).
+    E    = [W_S | -W_Z] St - U                      (C c x 2 Dk) @ (2 Dk x Dv)
+    y    = [A Q | -PL Q] St - Pm E
+    St'  = [[A_C, -PL_C], [0, P_C]] St + [D_S | D_Z]^T E      (the 2 x 2 map: one [2, 2] bmm)
+
+with ``D_S = -diag(K[C, j] w) X``, ``D_Z = diag(E[C, j] w) X``. Only the state at chunk
+boundaries is kept. The last chunk is padded to C tokens (k = v = 0, theta = 0, alpha = eta = 1)
+and its end-of-chunk coefficients are taken at its last real token, so the final state is exact
+(a padded token would still move a momentum's memory). For c > 1 the (C c)^2 Gram matrix is
+gathered (unfold) from the (C + c - 1)^2 one of the chunk's distinct keys, the read scores
+likewise.
+
+Cost per token, multiply-adds, d = Dk = Dv, c = 1: gd about ``C^2`` (decay matrix) ``+ 4 C d``
+(Gram, read scores, the solve's d + Dv columns, ``Pm E``) ``+ 3 d^2``; momentum about ``3 C^2``
+(two decay matrices, ``K = L E``) ``+ 4.5 C d + 6 d^2``, against ``3 C^2 + 2 C d + 5 d^2`` for
+``core:chunkwise`` on the anchored rule (its anchored error needs no solve and one product with
+the state fewer). Small chunks therefore suit this strategy (C = 16 to 32 at d = 64; the solve
+and the C^2 terms grow with C); on a CPU, time follows the multiply-adds plus a per-chunk
+overhead. A window multiplies the memory products by c and the solve by c^2 (``(C c)^2 (2 d +
+Dv) / 2`` per chunk for momentum). Memory O(T C c^2 + T c d + (T / C) d^2).
 
 Refused (``supports``): other algorithms, biases other than l2 (dot / lp / huber), nonlinear
 retention, other structures (deep memory), anchored rules (``anchor > 1``: run by
@@ -224,11 +235,12 @@ class ExactChunk(Strategy):
         # per-row coefficients of X (and Q) side by side: [S | Z0]-shaped operands in one product
         if mom:
             Wx = _outer(torch.stack([_slots(Ap, c), -_slots(PLp, c)], dim=-1), X)  # [A' X | -PL' X]
-            Dn = _outer(torch.stack([-_slots(_ends(K, last), c) * w, _slots(_ends(E, last), c) * w], dim=-1), X)
+            Dn = torch.stack([-_slots(_ends(K, last), c) * w, _slots(_ends(E, last), c) * w], dim=-2)
+            Dn = (Dn.unsqueeze(-2) * X.transpose(-1, -2).unsqueeze(-3)).flatten(-3, -2)  # [D_S | D_Z]^T
             Qs = _outer(torch.stack([Ar, -(PL if after else PLp)], dim=-1), Q)  # [A Q | -PL Q]
         else:
             Wx = _slots(Ap, c).unsqueeze(-1) * X
-            Dn = (-_slots(_ends(K, last), c) * w).unsqueeze(-1) * X
+            Dn = (-_slots(_ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)  # D_S^T: [.., Dk, C c]
             Qs = Ar.unsqueeze(-1) * Q
         # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | -PL' X], U = (I + Nm)^-1 V
         W, U = _unit_lower_solve(Nm, Wx), _unit_lower_solve(Nm, V)
@@ -254,7 +266,7 @@ class ExactChunk(Strategy):
                 base = torch.bmm(mn, St.reshape(BH, 2, Dk * Dv)).view(BH, 2 * Dk, Dv)
             else:
                 base = mn * St
-            St = torch.baddbmm(base, Dnn.transpose(-1, -2), En)
+            St = torch.baddbmm(base, Dnn, En)
         y = torch.stack(ys, dim=1).view(B, H, N * C, Dv)
         if pad:
             y = y[:, :, :T]
