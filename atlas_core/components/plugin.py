@@ -50,5 +50,6 @@ def atlas_register(registry):
             summary=summary)
     add("strategy", "exact_chunk", "atlas_core.strategies.exact_chunk:build",
         params="atlas_core.strategies.exact_chunk:ExactChunkParams",
-        summary="gd + l2 on linear memory (delta rule, decay), exact for any chunk size (WY/UT)",
+        summary="per-token l2 rules on linear memory (delta rule, Titans momentum, Omega windows, "
+        "scalar decay), exact for any chunk size (WY/UT)",
         capabilities=("exact",), priority=5)

@@ -189,7 +189,9 @@ class ExactChunk(Strategy):
     # -- the run --------------------------------------------------------------------------------
     def run(self, rule, p):
         B, H, T = p.shape
-        C, c = self.chunk_size, rule.window
+        # a call shorter than a chunk is one short chunk, not a padded whole one (a prompt of a
+        # few tokens at chunk size 1024 costs O(T^2), not O(C^2))
+        C, c = max(1, min(self.chunk_size, p.shape[2])), rule.window
         mom = rule.algorithm.linear_form == "momentum"
         S = p.state["M"]  # [B, H, Dv, Dk]
         Dv, Dk = S.shape[-2:]
