@@ -83,7 +83,9 @@ from .decay import decay_matrix
 
 
 class ExactChunkParams(Params):
-    chunk_size: int = Field(64, ge=1, description="tokens per chunk (C); the result is exact for any C")
+    chunk_size: int = Field(
+        32, ge=1, description="tokens per chunk (C); the result is exact for any C (16 to 32 is "
+        "fastest on a CPU at head size 64: docs/benchmarks.md)")
 
 
 def _is_l2(bias) -> bool:
