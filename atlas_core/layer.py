@@ -8,12 +8,17 @@ memory's initial weights, which the layer registers by holding the rule). For an
 2. a short causal depthwise convolution (kernel ``conv_size``) on each of q, k, v, then SiLU
    (Titans Sec 4.4; Atlas spec seed);
 3. split into heads ``[B, T, H, D]``; l2-normalise q and k (``qk_norm``);
-4. gates from x, each ``[B, T, H]`` (docs/math.md names), one linear map per gate:
+4. gates from x: one linear map per gate the rule declares (``rule.gates``, each an
+   `atlas_core.knobs.Gate`), ``gate = scale * activation(w x + b)``, ``[B, T, H]`` for a gate of
+   shape ``"head"`` and ``[B, T, H, Dk]`` for one of shape ``"key"``; ``b`` starts at
+   ``[layer] gate_bias.<name>``, else at the declared ``bias``. The core's declarations:
    ``alpha = sigmoid(w_a x + b_a)`` (retain factor, b_a = 3.0 -> ~0.95),
    ``eta = sigmoid(w_e x + b_e)`` (momentum decay, b_e = 2.0 -> ~0.88),
-   ``theta = theta_scale * sigmoid(w_t x + b_t)`` (inner learning rate, b_t = -4.6 -> ~0.01),
+   ``theta = theta_scale * sigmoid(w_t x + b_t)`` (inner learning rate, b_t = -4.6 -> ~0.01;
+   ``theta_scale`` multiplies theta's declared scale),
    ``gamma = sigmoid(w_g x + b_g)`` (Omega window weight, b_g = 3.0);
-   only the gates the rule uses are produced;
+   only the gates the rule declares are produced, the core's four first in that order (the rows
+   of ``gate_proj``: gate, then head, then key dimension);
 5. the rule: ``y, state = rule(q, k, v, gates, state, strategy=runner)``, where ``runner`` is the
    strategy resolved once when the layer is built (no registry lookup or ``supports()`` check
    per call);
@@ -37,16 +42,29 @@ from einops import rearrange
 from pydantic import Field
 from torch import nn
 
+from .errors import Issue, SpecError, did_you_mean
 from .host.registry import Params
+from .knobs.gates import CORE_GATE_NAMES, CORE_GATES
 
-GATE_ORDER = ("alpha", "eta", "theta", "gamma")
+#: The core gates' default initial biases (their declarations' ``bias``).
+DEFAULT_GATE_BIAS = {g.name: g.bias for g in CORE_GATES}
 
 
-class GateBias(Params):
-    alpha: float = Field(3.0, description="retain gate bias: sigmoid(3.0) ~ 0.95")
-    eta: float = Field(2.0, description="momentum decay bias: sigmoid(2.0) ~ 0.88")
-    theta: float = Field(-4.6, description="inner learning-rate bias: sigmoid(-4.6) ~ 0.01")
-    gamma: float = Field(3.0, description="Omega window weight bias: sigmoid(3.0) ~ 0.95")
+def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Issue]:
+    """Keys of ``[layer] gate_bias`` that name no gate of the rule. The core's four names
+    (alpha, eta, theta, gamma) are always accepted (a spec may set them for any rule; a rule
+    that does not declare one ignores it), any other key must be declared by the rule."""
+    declared = [g.name for g in gates]
+    issues = []
+    for key in gate_bias or {}:
+        if key in declared or key in CORE_GATE_NAMES:
+            continue
+        hint = did_you_mean(str(key), list(dict.fromkeys(declared + list(CORE_GATE_NAMES))))
+        issues.append(Issue(
+            f"{path}.{key}", f"the rule declares no gate {key!r} (its gates: "
+            f"{', '.join(declared) or 'none'})", gate_bias[key],
+            hint or "gate_bias keys are the names of the gates the rule's knobs declare"))
+    return issues
 
 
 class LayerParams(Params):
@@ -57,7 +75,9 @@ class LayerParams(Params):
     qk_norm: bool = Field(True, description="l2-normalise q and k per head")
     output_norm: bool = Field(True, description="RMS-normalise each head's output")
     output_gate: bool = Field(True, description="sigmoid output gate before the output projection")
-    gate_bias: GateBias = Field(default_factory=GateBias)
+    gate_bias: dict[str, float] = Field(
+        default_factory=dict, description="initial bias of each gate's projection, by gate name "
+        "(default: the gate's declared bias; alpha 3.0, eta 2.0, theta -4.6, gamma 3.0)")
     theta_scale: float = Field(1.0, gt=0, description="theta = theta_scale * sigmoid(...)")
 
 
@@ -119,16 +139,22 @@ class MemoryLayer(nn.Module):
             self.q_conv = ShortConv(H * Dk, p.conv_size)
             self.k_conv = ShortConv(H * Dk, p.conv_size)
             self.v_conv = ShortConv(H * Dv, p.conv_size)
-        self.gate_names = tuple(g for g in GATE_ORDER if g in getattr(rule, "gate_names", ()))
-        extra = set(getattr(rule, "gate_names", ())) - set(GATE_ORDER)
-        if extra:
-            raise ValueError(f"the memory layer cannot produce gates {sorted(extra)}")
+        # the gates the rule's knobs declare (a standalone rule module without them takes none)
+        self.gate_decls = tuple(getattr(rule, "gates", ()))
+        self.gate_names = tuple(g.name for g in self.gate_decls)
+        bad = gate_bias_issues(p.gate_bias, self.gate_decls)
+        if bad:
+            raise SpecError(bad)
+        self.gate_sizes = tuple(H * (Dk if g.shape == "key" else 1) for g in self.gate_decls)
+        self.gate_scales = tuple(
+            g.scale * (p.theta_scale if g.name == "theta" else 1.0) for g in self.gate_decls)
         if self.gate_names:
-            self.gate_proj = nn.Linear(d_model, H * len(self.gate_names))
+            self.gate_proj = nn.Linear(d_model, sum(self.gate_sizes))
             with torch.no_grad():
                 self.gate_proj.weight.normal_(0.0, 0.02)
-                bias = [getattr(p.gate_bias, g) for g in self.gate_names]
-                self.gate_proj.bias.copy_(torch.tensor(bias).repeat_interleave(H))
+                bias = [float(p.gate_bias.get(g.name, g.bias)) for g in self.gate_decls]
+                rows = [b for b, n in zip(bias, self.gate_sizes) for _ in range(n)]
+                self.gate_proj.bias.copy_(torch.tensor(rows))
         if p.output_norm:
             self.out_norm = nn.RMSNorm(Dv, eps=1e-6)
         if p.output_gate:
@@ -148,13 +174,16 @@ class MemoryLayer(nn.Module):
         return cls(d_model, heads, rule, params, strategy=strategy, registry=registry)
 
     def gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every declared gate from ``x: [B, T, d_model]``: ``[B, T, H]`` per head, ``[B, T, H, Dk]``
+        per key."""
         if not self.gate_names:
             return {}
-        raw = rearrange(self.gate_proj(x), "b t (g h) -> g b t h", g=len(self.gate_names))
+        raw = self.gate_proj(x).split(self.gate_sizes, dim=-1)
         out = {}
-        for i, name in enumerate(self.gate_names):
-            g = torch.sigmoid(raw[i])
-            out[name] = g * self.params.theta_scale if name == "theta" else g
+        for gate, r, scale in zip(self.gate_decls, raw, self.gate_scales):
+            if gate.shape == "key":
+                r = rearrange(r, "b t (h d) -> b t h d", h=self.heads)
+            out[gate.name] = gate.activate(r, scale)
         return out
 
     def forward(self, x: torch.Tensor, state: dict | None = None):

@@ -93,9 +93,9 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core
     try:
         layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads, registry=registry)
     except SpecError as exc:  # e.g. a structure refusing its sizes: point into [memory]
-        if all(i.path.startswith("memory") for i in exc.issues):
+        if all(i.path.startswith(("memory", "layer")) for i in exc.issues):
             raise
-        raise SpecError([i if i.path.startswith("memory") else
+        raise SpecError([i if i.path.startswith(("memory", "layer")) else
                          Issue(f"memory.{i.path}" if i.path else "memory", i.message, i.value, i.hint)
                          for i in exc.issues]) from None
     except StrategyError as exc:

@@ -5,7 +5,9 @@ A rule is a pure function of explicit tensors (docs/math.md, "Shapes and names")
     y, state = rule(q, k, v, gates={"alpha": a, "eta": e, "theta": th}, state=None,
                     strategy="core:sequential")
 
-- ``q, k: [B, T, H, Dk]``, ``v: [B, T, H, Dv]``, each gate ``[B, T, H]``; ``y: [B, T, H, Dv]``;
+- ``q, k: [B, T, H, Dk]``, ``v: [B, T, H, Dv]``, each gate ``[B, T, H]`` (``[B, T, H, Dk]`` for a
+  gate declared with ``shape = "key"``); ``y: [B, T, H, Dv]``. ``rule.gates`` lists the gates the
+  knobs declare (`atlas_core.knobs.Gate`), ``rule.gate_names`` their names;
 - ``state`` maps names to tensors: the memory weights (``"M": [B, H, Dv, Dphi]`` for
   ``core:linear``), the optimiser state (``"Z.M"`` for momentum) and, for windowed biases, the
   last c - 1 inputs (``"window.k": [B, H, c-1, Dphi]``, ``"window.v"``, ``"window.gamma"``);
@@ -35,6 +37,7 @@ from torch import nn
 
 from .errors import Issue, SpecError, did_you_mean
 from .knobs import Algorithm, Bias, FeatureMap, Retention, Structure
+from .knobs.gates import CORE_GATES, Gate, merge_gates
 
 KNOB_KINDS = {
     "structure": "structure",
@@ -87,6 +90,9 @@ class Rule(nn.Module):
     default_strategy: Any = "core:sequential"
     #: gradients inside a block of ``anchor`` tokens are taken at the block's start (1: per token)
     anchor: int = 1
+    #: the gates a memory layer must produce for this rule (none: a standalone rule takes its
+    #: own inputs)
+    gates: tuple[Gate, ...] = ()
 
     def prepare(self, *args, **kwargs):
         raise NotImplementedError
@@ -135,8 +141,8 @@ class MemoryInputs:
     phik: torch.Tensor  # phi(k): [B, H, T, Dphi]
     v: torch.Tensor  # [B, H, T, Dv]
     alpha: torch.Tensor  # retain factor: [B, H, T]
-    gamma: torch.Tensor  # per-token window weight (1 without a gamma gate): [B, H, T]
-    gates: dict[str, torch.Tensor]  # every gate, [B, H, T]
+    gamma: torch.Tensor  # per-token loss weight (the bias's `weight`; 1 without one): [B, H, T]
+    gates: dict[str, torch.Tensor]  # every gate, [B, H, T] ([B, H, T, Dk] for a key gate)
     state: dict[str, torch.Tensor]  # full state, compute dtype
     out_dtype: torch.dtype = torch.float32
     extras: dict[str, Any] = field(default_factory=dict)
@@ -161,6 +167,25 @@ class MemoryInputs:
                 gates={k: cut(g, lo, hi) for k, g in self.gates.items()},
             ))
         return parts[0], parts[1]
+
+
+_CORE_GATES = {g.name: g for g in CORE_GATES}
+
+
+def _declared_gates(knob) -> tuple[Gate, ...]:
+    """A knob's declared gates. A knob written before declarations (``gate_names`` set, ``gates``
+    not) still works when it names core gates, which get the core declarations."""
+    gates = tuple(knob.gates)
+    legacy = tuple(knob.gate_names)
+    if set(legacy) == {g.name for g in gates}:
+        return gates
+    unknown = [n for n in legacy if n not in _CORE_GATES]
+    if unknown:
+        raise ValueError(
+            f"{type(knob).__name__} names gates {list(legacy)} in gate_names but declares "
+            f"{[g.name for g in gates]} in gates; declare every gate it reads as "
+            "gates = (atlas_core.knobs.Gate(name, ...), ...) (docs/plugins.md#gates)")
+    return tuple(_CORE_GATES[n] for n in legacy)
 
 
 def _check_tensor(name: str, x: Any, rank: int, layout: str) -> torch.Tensor:
@@ -205,22 +230,27 @@ class ComposedRule(Rule):
         self.default_strategy = default_strategy
         problems = []
         for knob_name in ("structure", "bias", "retention", "algorithm", "feature_map"):
-            check = getattr(getattr(self, knob_name), "check_composition", None)
-            for msg in (check(self) if check else []) or []:
+            for msg in getattr(self, knob_name).check_composition(self) or []:
                 problems.append(Issue(knob_name, msg, self.spec.get(knob_name)))
+        try:
+            self.gates = merge_gates((k, _declared_gates(getattr(self, k)))
+                                     for k in ("retention", "algorithm", "bias"))
+        except ValueError as exc:
+            problems.append(Issue("", str(exc), None))
         if problems:
             raise SpecError(problems)
+        self._gate_shapes = {g.name: g.shape for g in self.gates}
+        self._retention_gated = bool(_declared_gates(self.retention))
 
     # -- sizes ----------------------------------------------------------------------------------
     @property
     def gate_names(self) -> tuple[str, ...]:
-        names = set(self.retention.gate_names) | set(self.algorithm.gate_names)
-        names |= set(self.bias.gate_names)
-        return tuple(sorted(names))
+        """The names of `gates`, sorted."""
+        return tuple(sorted(g.name for g in self.gates))
 
     @property
     def window(self) -> int:
-        return int(getattr(self.bias, "window", 1))
+        return int(self.bias.window)
 
     def bind(self, heads: int, d_key: int, d_value: int) -> "ComposedRule":
         """Fix the sizes; creates learned parameters of the feature map and structure."""
@@ -332,22 +362,33 @@ class ComposedRule(Rule):
                 f"missing gates {missing}: this rule needs {list(self.gate_names)}, each [B, T, H] = "
                 f"[{B}, {T}, {H}]"
             )
-        gh = {}
+        gh, gc = {}, {}
         for name, g in gates.items():
-            g = _check_tensor(f"gates['{name}']", g, 3, "[B, T, H]")
-            if tuple(g.shape) != (B, T, H):
-                raise ValueError(f"gates['{name}'] must be [B, T, H] = [{B}, {T}, {H}], got {tuple(g.shape)}")
+            if self._gate_shapes[name] == "key":  # declared per key dimension
+                g = _check_tensor(f"gates['{name}']", g, 4, "[B, T, H, Dk] (a key gate)")
+                if tuple(g.shape) != (B, T, H, Dk):
+                    raise ValueError(f"gates['{name}'] is declared per key (shape 'key'): it must be "
+                                     f"[B, T, H, Dk] = [{B}, {T}, {H}, {Dk}], got {tuple(g.shape)}")
+                layout = "b t h d -> b h t d"
+            else:
+                g = _check_tensor(f"gates['{name}']", g, 3, "[B, T, H]")
+                if tuple(g.shape) != (B, T, H):
+                    raise ValueError(f"gates['{name}'] must be [B, T, H] = [{B}, {T}, {H}], got {tuple(g.shape)}")
+                layout = "b t h -> b h t"
             if g.device != q.device:
                 raise ValueError(f"gates['{name}'] is on {g.device} but q is on {q.device}")
-            gh[name] = rearrange(g.to(cdtype), "b t h -> b h t")
+            gc[name] = g.to(cdtype)
+            gh[name] = rearrange(gc[name], layout)
         if not self.structure.bound:  # bound only by a call whose inputs passed validation
             if state is not None:  # check the state on a bound copy first
                 probe = copy.deepcopy(self).bind(H, Dk, Dv)
                 probe._check_state(state, B, cdtype, q.device)
             self.bind(H, Dk, Dv)
         ones = torch.ones(B, H, T, dtype=cdtype, device=q.device)
-        alpha = rearrange(self.retention.alpha(gates, ones.transpose(1, 2)).to(cdtype), "b t h -> b h t") if "alpha" in self.retention.gate_names else ones
-        gamma = gh["gamma"] if self.bias.gamma_gate else ones
+        # a retention without gates keeps everything; the bias's per-token weight (None: 1)
+        alpha = rearrange(self.retention.alpha(gates, ones.transpose(1, 2)).to(cdtype), "b t h -> b h t") if self._retention_gated else ones
+        weight = self.bias.weight(gc, ones.transpose(1, 2))
+        gamma = ones if weight is None else rearrange(weight.to(cdtype), "b t h -> b h t")
         qf = self.feature_map(q.to(cdtype))
         kf = self.feature_map(k.to(cdtype))
         st = self._check_state(state, B, cdtype, q.device)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from ..knobs.gates import ALPHA
 from ..knobs.retention import Retention
 
 
 class DecayRetention(Retention):
-    gate_names = ("alpha",)
+    gates = (ALPHA,)
 
     def alpha(self, gates: dict, like: torch.Tensor) -> torch.Tensor:
         return gates["alpha"]

@@ -13,6 +13,7 @@ from ..knobs.bias import Bias
 
 class DotBias(Bias):
     prediction_free = True
+    error_kind = "dot"
 
     def error(self, pred: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return -v.expand_as(pred) if pred is not None else -v

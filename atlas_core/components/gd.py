@@ -9,10 +9,11 @@ from __future__ import annotations
 import torch
 
 from ..knobs.algorithm import Algorithm, _bc
+from ..knobs.gates import THETA
 
 
 class GD(Algorithm):
-    gate_names = ("theta",)
+    gates = (THETA,)
     linear_form = "gd"
 
     def step(self, W, opt, g, *, alpha, gates, retention):

@@ -12,6 +12,8 @@ from ..knobs.bias import Bias
 
 
 class L2Bias(Bias):
+    error_kind = "l2"
+
     def error(self, pred: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return pred - v
 

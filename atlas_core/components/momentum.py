@@ -13,11 +13,12 @@ from __future__ import annotations
 import torch
 
 from ..knobs.algorithm import Algorithm, _bc
+from ..knobs.gates import ETA, THETA
 from ..strategies.decay import decay_matrix
 
 
 class Momentum(Algorithm):
-    gate_names = ("eta", "theta")
+    gates = (ETA, THETA)
     linear_form = "momentum"
 
     def init_opt(self, W: dict) -> dict:

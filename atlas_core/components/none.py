@@ -6,7 +6,7 @@ from ..knobs.retention import Retention
 
 
 class NoRetention(Retention):
-    gate_names = ()
+    gates = ()
 
 
 def build(params, ctx) -> NoRetention:

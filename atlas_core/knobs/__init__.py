@@ -9,7 +9,8 @@ knobs"). Each interface lives in its own module; the core implementations are in
 from .algorithm import Algorithm
 from .bias import Bias
 from .feature_map import FeatureMap
+from .gates import Gate
 from .retention import Retention
 from .structure import Structure
 
-__all__ = ["Algorithm", "Bias", "FeatureMap", "Retention", "Structure"]
+__all__ = ["Algorithm", "Bias", "FeatureMap", "Gate", "Retention", "Structure"]

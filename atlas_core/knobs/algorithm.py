@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .gates import THETA, Gate
+
 
 def _bc(gate: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Broadcast a [B, H] (or [B, H, C]) gate against a weight tensor."""
@@ -22,9 +24,19 @@ def _bc(gate: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 class Algorithm:
     """Base class of inner optimisers."""
 
-    gate_names: tuple[str, ...] = ("theta",)
-    #: The update is ``alpha M - theta g`` or momentum on g: enables the linear-memory fast path.
-    linear_in_grad: bool = True
+    #: The gates `step` and `chunk` read (docs/plugins.md#gates); ``gate_names`` follows.
+    gates: tuple[Gate, ...] = (THETA,)
+    #: The update's closed linear form, read by the fast linear-memory paths of
+    #: ``core:chunkwise``, ``core:exact_chunk`` and ``cuda:chunk_linear``: ``"gd"``
+    #: (``M_t = alpha_t M_{t-1} - theta_t g_t``), ``"momentum"`` (``core:momentum``'s two
+    #: recurrences), or None (no such form: the strategies use `chunk` or refuse).
+    linear_form: str | None = None
+    #: A sentence ``core:chunkwise`` adds to its refusal when the algorithm has no `chunk`.
+    chunk_hint: str = ""
+
+    @property
+    def gate_names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.gates)
 
     def init_opt(self, W: dict) -> dict:
         """Optimiser state for weights W (e.g. momentum ``Z`` per weight); names are prefixed
@@ -42,3 +54,8 @@ class Algorithm:
         ``decay_from_start`` ``A_t`` is ``decay``'s companion in ``gates["_A"]`` ([B, H, C]).
         Returns (per-token weights ``{k: [B, H, C, *s]}``, final optimiser state)."""
         raise NotImplementedError
+
+    def check_composition(self, rule) -> list[str]:
+        """Problems with the composition this knob is placed in (a list of messages; empty
+        when it fits). Called once, when the rule is built."""
+        return []

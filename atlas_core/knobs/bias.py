@@ -10,24 +10,48 @@ A bias may look back over a window of ``window`` tokens (the Omega rule, Atlas E
 `lag_weights` gives ``lag[0..c-1]`` (index 0 is the current token). The rule's state then carries
 the last c - 1 feature-mapped keys, values and gammas, so a window crosses chunk and call
 boundaries. The plain biases have ``window = 1``.
+
+The per-token weight ``gamma_i`` is what `weight` returns from the call's gates: the gate
+``gamma`` for a gated Omega window, any declared gate for a plugin bias (a bias whose loss is
+scaled per token by its own gate ``beta`` returns ``gates["beta"]``), None for 1. Every strategy
+multiplies token i's error by it (and carries it in ``"window.gamma"``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .gates import GAMMA, Gate
+
 
 class Bias:
     """Base class of attentional biases."""
 
     window: int = 1
+    #: The per-token weight is the gate ``gamma`` (an Omega window with ``gamma = "gate"``).
     gamma_gate: bool = False
     #: ``error`` does not depend on the prediction (Hebbian): the memory does not enter g.
     prediction_free: bool = False
+    #: Which closed form ``error`` has, for the strategies and kernels that special-case it:
+    #: ``"l2"`` (``pred - v``), ``"dot"`` (``-v``) or None (any other). A subclass that
+    #: overrides ``error`` must declare its own (None unless it keeps one of these forms).
+    error_kind: str | None = None
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        """The gates `weight` reads (docs/plugins.md#gates): ``gamma`` when `gamma_gate` is
+        set. A bias with its own gates overrides this (a class attribute is fine)."""
+        return (GAMMA,) if self.gamma_gate else ()
 
     @property
     def gate_names(self) -> tuple[str, ...]:
-        return ("gamma",) if self.gamma_gate else ()
+        return tuple(g.name for g in self.gates)
+
+    def weight(self, gates: dict, like: torch.Tensor) -> torch.Tensor | None:
+        """The per-token weight of the token's loss, ``[B, T, H]``, from the call's ``gates``
+        (name -> ``[B, T, H]``, or ``[B, T, H, Dk]`` for a key gate; compute dtype); ``like`` is a
+        ``[B, T, H]`` tensor of ones. None means 1 for every token."""
+        return gates["gamma"] if self.gamma_gate else None
 
     def error(self, pred: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """d l / d pred, same shape as pred (``[..., Dv]``)."""
@@ -43,3 +67,8 @@ class Bias:
 
     def describe(self) -> str:
         return type(self).__name__
+
+    def check_composition(self, rule) -> list[str]:
+        """Problems with the composition this knob is placed in (a list of messages; empty
+        when it fits). Called once, when the rule is built."""
+        return []

@@ -26,3 +26,8 @@ class FeatureMap(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         return x
+
+    def check_composition(self, rule) -> list[str]:
+        """Problems with the composition this knob is placed in (a list of messages; empty
+        when it fits). Called once, when the rule is built."""
+        return []

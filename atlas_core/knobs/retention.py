@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import torch
 
+from .gates import Gate
+
 
 class Retention:
     """Base class of retentions."""
 
     linear: bool = True
-    gate_names: tuple[str, ...] = ()
+    #: The gates `alpha` reads (docs/plugins.md#gates); ``gate_names`` follows. A retention
+    #: without gates retains everything (alpha = 1; `alpha` is not called).
+    gates: tuple[Gate, ...] = ()
+
+    @property
+    def gate_names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.gates)
 
     def alpha(self, gates: dict, like: torch.Tensor) -> torch.Tensor:
-        """The retain factor per token ``[B, T, H]`` (1 keeps everything)."""
+        """The retain factor per token ``[B, T, H]`` (1 keeps everything), from the call's
+        ``gates`` (name -> ``[B, T, H]``, or ``[B, T, H, Dk]`` for a key gate); ``like`` is a
+        ``[B, T, H]`` tensor of ones in the compute dtype."""
         return torch.ones_like(like)
 
     def pre(self, W: dict) -> dict:
@@ -26,3 +36,8 @@ class Retention:
 
     def post(self, W: dict) -> dict:
         return W
+
+    def check_composition(self, rule) -> list[str]:
+        """Problems with the composition this knob is placed in (a list of messages; empty
+        when it fits). Called once, when the rule is built."""
+        return []

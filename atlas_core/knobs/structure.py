@@ -65,3 +65,8 @@ class Structure(nn.Module):
     def grad_per_token(self, W: dict, x: torch.Tensor, u: torch.Tensor) -> dict:
         """As `grad` but one gradient per token: ``{name: [B, H, N, *shape]}``."""
         raise NotImplementedError
+
+    def check_composition(self, rule) -> list[str]:
+        """Problems with the composition this knob is placed in (a list of messages; empty
+        when it fits). Called once, when the rule is built."""
+        return []

@@ -9,7 +9,8 @@ name       a string (default: the file's stem, or ``"unnamed"``)
 [model]    ``arch`` names a component of kind ``arch``; the other keys are validated by that
            component's params model
 [memory]   see `atlas_core.spec.memory` (built with `build_rule`, strategy checked)
-[layer]    validated by `atlas_core.layer.LayerParams` (kept as written if that module is absent)
+[layer]    validated by `atlas_core.layer.LayerParams` (kept as written if that module is absent);
+           a ``gate_bias`` key other than the core gates' must be a gate the rule declares
 [train]    validated by ``atlas_core.train.params:TrainParams`` when that module exists; until a
            trainer provides it, the table is kept exactly as written
 ========== ==================================================================================
@@ -110,6 +111,26 @@ def resolve_layer(table: Mapping[str, Any] | None, issues: list[Issue]) -> dict 
     return _validate_params(model, table or {}, "layer", issues)
 
 
+def _gate_bias_issues(layer: Mapping[str, Any], memory: Mapping[str, Any], reg: Registry) -> list[Issue]:
+    """``[layer] gate_bias`` keys the rule declares no gate for (the core gates' names are always
+    accepted, so specs written for them stay valid: only then is the rule built)."""
+    gate_bias = layer.get("gate_bias") or {}
+    if not isinstance(gate_bias, Mapping):
+        return []
+    from ..knobs.gates import CORE_GATE_NAMES
+
+    if all(key in CORE_GATE_NAMES for key in gate_bias):
+        return []
+    from ..layer import gate_bias_issues
+    from ..rule import build_rule
+
+    try:
+        rule = build_rule(dict(memory), registry=reg, path="memory")
+    except (SpecError, ValueError):  # reported by [memory]'s own checks
+        return []
+    return gate_bias_issues(gate_bias, tuple(getattr(rule, "gates", ())))
+
+
 def resolve_train(table: Mapping[str, Any], issues: list[Issue]) -> dict | None:
     model = _optional(*TRAIN_PARAMS)
     if model is None:  # no trainer yet: keep the table as written (documented)
@@ -150,6 +171,8 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
         memory_r = resolve_memory(data["memory"], reg, issues)
     layer = _table(data, "layer", issues, required=False)
     layer_r = resolve_layer(layer, issues) if layer is not None or "layer" not in data else None
+    if isinstance(layer, Mapping) and memory_r is not None:  # keys, even when a value is bad
+        issues.extend(_gate_bias_issues(layer, memory_r, reg))
     train = _table(data, "train", issues, required=False)
     train_r = resolve_train(train, issues) if train is not None else None
 

@@ -225,7 +225,7 @@ class Chunkwise(Strategy):
                 "after each step), so a chunk cannot be solved as a linear recurrence"
             )
         if type(rule.algorithm).chunk is Algorithm.chunk:
-            hint = getattr(rule.algorithm, "chunk_hint", "")
+            hint = rule.algorithm.chunk_hint
             return False, (
                 f"algorithm {rule.spec.get('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
             )
@@ -252,17 +252,14 @@ class Chunkwise(Strategy):
         return True, ""
 
     def fast_path(self, rule) -> bool:
-        return rule.structure.is_linear and getattr(rule.algorithm, "linear_form", None) in (
-            "gd",
-            "momentum",
-        )
+        return rule.structure.is_linear and rule.algorithm.linear_form in ("gd", "momentum")
 
     def dual_path(self, rule) -> bool:
         """The dual form (`_dual_chunk`): gd or momentum on a structure that gives its per-token
         gradients as rank-one factors and its read as a chain of matrix products."""
         S = rule.structure
         return (
-            getattr(rule.algorithm, "linear_form", None) in ("gd", "momentum")
+            rule.algorithm.linear_form in ("gd", "momentum")
             and callable(getattr(S, "grad_factors", None))
             and callable(getattr(S, "apply_layers", None))
         )
@@ -394,7 +391,7 @@ class Chunkwise(Strategy):
             G = {k: _bc(w, g) * g for k, g in per_tok.items()}
         else:
             G = {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
-        if getattr(rule.algorithm, "linear_form", None) in ("gd", "momentum"):
+        if rule.algorithm.linear_form in ("gd", "momentum"):
             # The algorithm's own step, token by token over the anchored gradients: O(C |W|)
             # work where the decay-matrix form (`Algorithm.chunk`) costs O(C^2 |W|) — what
             # dominates for a deep memory, whose |W| is far larger than C.
@@ -412,7 +409,7 @@ class Chunkwise(Strategy):
 def _anchor_free(rule) -> bool:
     """Anchoring cannot change this rule: a linear memory whose bias's error ignores the
     prediction (``core:dot``), so every gradient ``u phi^T`` is the same at any memory."""
-    return bool(getattr(rule.bias, "prediction_free", False)) and bool(rule.structure.is_linear)
+    return bool(rule.bias.prediction_free) and bool(rule.structure.is_linear)
 
 
 def build(params, ctx) -> Chunkwise:

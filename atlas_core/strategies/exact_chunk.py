@@ -89,15 +89,9 @@ class ExactChunkParams(Params):
 
 
 def _is_l2(bias) -> bool:
-    """The bias's error is ``pred - v`` (core:l2, or an Omega window around it)."""
-    from ..components.l2 import L2Bias
-
-    if bias is None:
-        return False
-    if type(bias).error is L2Bias.error:
-        return True
-    inner = getattr(bias, "inner", None)
-    return inner is not None and _is_l2(inner)
+    """The bias declares its error to be ``pred - v`` (``error_kind = "l2"``: core:l2, or an
+    Omega window around it, which forwards its inner bias's declaration)."""
+    return bias is not None and bias.error_kind == "l2"
 
 
 def _shift_down(x: torch.Tensor, first: float, dim: int) -> torch.Tensor:
@@ -164,7 +158,7 @@ class ExactChunk(Strategy):
                 f"structure {spec.get('structure')!r} is not a linear matrix memory; the WY form "
                 "needs every step to be affine in M (use core:chunkwise or core:sequential)"
             )
-        form = getattr(rule.algorithm, "linear_form", None)
+        form = rule.algorithm.linear_form
         if form not in ("gd", "momentum"):
             return False, (
                 f"algorithm {spec.get('algorithm')!r} is neither core:gd nor core:momentum: its "

@@ -24,22 +24,13 @@ from .results import Failure, Skip
 # Gate ranges of the random calls (docs/math.md conventions): wide enough to exercise every term.
 RANDOM_GATES = {"alpha": (0.6, 1.0), "eta": (0.0, 0.9), "theta": (0.05, 0.5), "gamma": (0.5, 1.0)}
 OTHER_GATE = (0.2, 0.8)
-# "Default gates" of the stability check: the memory layer's gate-bias defaults (docs/math.md,
-# "Defaults worth knowing"), gate = sigmoid(bias + 0.5 * noise).
-DEFAULT_GATE_BIAS = {"alpha": 3.0, "eta": 2.0, "theta": -4.6, "gamma": 3.0}
+# "Default gates" of the stability check: the memory layer's initial gates, from each gate's
+# declaration (atlas_core.knobs.Gate): scale * activation(bias + 0.5 * noise) (docs/math.md,
+# "Defaults worth knowing": alpha 3.0, eta 2.0, theta -4.6, gamma 3.0).
 
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(int(seed))
-
-
-def _gate_bias() -> dict[str, float]:
-    try:  # the layer's own defaults, when the layer module is there
-        from atlas_core.layer import GateBias
-
-        return dict(GateBias().model_dump())
-    except Exception:  # noqa: BLE001 - fall back to docs/math.md's numbers
-        return dict(DEFAULT_GATE_BIAS)
 
 
 def composed_inputs(rule, B: int, T: int, *, dtype, device, seed: int, mode: str = "random") -> dict:
@@ -52,14 +43,16 @@ def composed_inputs(rule, B: int, T: int, *, dtype, device, seed: int, mode: str
     k = k / k.norm(dim=-1, keepdim=True)
     v = torch.randn(B, T, H, Dv, generator=g, dtype=torch.float64)
     flat = {"q": q, "k": k, "v": v}
-    bias = _gate_bias() if mode == "default" else {}
-    for name in rule.gate_names:
-        if mode == "default":
-            b = bias.get(name, 0.0)
-            flat[f"gates.{name}"] = torch.sigmoid(b + 0.5 * torch.randn(B, T, H, generator=g, dtype=torch.float64))
+    # every gate the rule declares, in its declared shape: [B, T, H] or [B, T, H, Dk] (a key gate)
+    for gate in sorted(rule.gates, key=lambda d: d.name):  # rule.gate_names' order: same draws
+        name = gate.name
+        shape = (B, T, H, Dk) if gate.shape == "key" else (B, T, H)
+        if mode == "default":  # the memory layer's initial gates: the declared bias and activation
+            noise = 0.5 * torch.randn(*shape, generator=g, dtype=torch.float64)
+            flat[f"gates.{name}"] = gate.activate(gate.bias + noise)
         else:
             lo, hi = RANDOM_GATES.get(name, OTHER_GATE)
-            flat[f"gates.{name}"] = lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)
+            flat[f"gates.{name}"] = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
     return {k2: x.to(device=device, dtype=dtype) for k2, x in flat.items()}
 
 

@@ -38,6 +38,7 @@ from typing import Sequence
 import torch
 
 from atlas_core.knobs.algorithm import Algorithm, _bc
+from atlas_core.knobs.gates import ETA, THETA
 from atlas_core.strategies.decay import decay_matrix
 
 from .newton_schulz import DEFAULT_COEFFICIENTS, DEFAULT_EPS, DEFAULT_STEPS, check_ns_args, newton_schulz
@@ -46,10 +47,10 @@ from .newton_schulz import DEFAULT_COEFFICIENTS, DEFAULT_EPS, DEFAULT_STEPS, che
 class Muon(Algorithm):
     """Muon inner optimiser (see module docstring)."""
 
-    gate_names = ("eta", "theta")
+    gates = (ETA, THETA)
     # NS is nonlinear in Z: the linear-memory "attention" fast path of core:chunkwise does not
-    # apply (no ``linear_form``); the chunk runs the generic per-token path.
-    linear_in_grad = False
+    # apply; the chunk runs the generic per-token path.
+    linear_form = None
 
     def __init__(
         self,
@@ -68,7 +69,7 @@ class Muon(Algorithm):
     def check_composition(self, rule) -> list[str]:
         """Muon orthogonalises each weight matrix: every weight must be a matrix."""
         structure = rule.structure
-        if not getattr(structure, "matrix_shaped", False):
+        if not structure.matrix_shaped:
             name = rule.spec.get("structure", type(structure).__name__)
             return [
                 f"atlas_muon:muon orthogonalises every memory weight as a matrix, but structure "

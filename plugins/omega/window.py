@@ -20,7 +20,7 @@ Weighting (the ``gamma`` parameter):
   token weighs 1). With ``decay = 1`` this is the window's *sum*.
 
 This module only describes the loss. The window itself is run by the core strategies through the
-generic `atlas_core.knobs.Bias` contract (``window``, ``gamma_gate``, ``lag_weights``): the rule's
+generic `atlas_core.knobs.Bias` contract (``window``, ``weight``, ``lag_weights``): the rule's
 state carries the last c - 1 ``(phi(k), v, gamma)`` (``"window.k": [B, H, c-1, Dphi]``,
 ``"window.v": [B, H, c-1, Dv]``, ``"window.gamma": [B, H, c-1]``) — a ring buffer of *inputs*, so
 the window crosses chunk and call boundaries and two calls with the carried state equal one call.
@@ -28,6 +28,8 @@ the window crosses chunk and call boundaries and two calls with the carried stat
 rule.) ``core:chunkwise`` uses a banded ``[C, C + c - 1]`` window matrix inside each chunk.
 
 Tensor arguments of `error` / `loss` (forwarded to the inner bias): ``pred, v: [..., Dv]``.
+Declared traits forwarded from the inner bias: its gates (plus ``gamma`` with ``gamma = "gate"``),
+its per-token `weight` (times ``gamma``), ``error_kind`` and ``prediction_free``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pydantic import Field, model_validator
 from atlas_core.errors import Issue, SpecError
 from atlas_core.host.registry import Params
 from atlas_core.knobs.bias import Bias
+from atlas_core.knobs.gates import GAMMA, Gate
 
 DEFAULT_DECAY = 0.9
 GammaMode = Literal["gate", "uniform", "decay"]
@@ -89,7 +92,19 @@ class OmegaWindow(Bias):
         self.mode = gamma
         self.decay = float(decay)
         self.gamma_gate = gamma == "gate"
-        self.prediction_free = bool(getattr(inner, "prediction_free", False))
+        self.prediction_free = bool(inner.prediction_free)
+        self.error_kind = inner.error_kind  # the error is the inner bias's
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        return tuple(self.inner.gates) + ((GAMMA,) if self.gamma_gate else ())
+
+    def weight(self, gates: dict, like: torch.Tensor) -> torch.Tensor | None:
+        """The inner bias's per-token weight times ``gamma`` (with ``gamma = "gate"``)."""
+        w = self.inner.weight(gates, like)
+        if self.gamma_gate:
+            return gates["gamma"] if w is None else w * gates["gamma"]
+        return w
 
     # -- the loss, by delegation ------------------------------------------------------------------
     def error(self, pred: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -99,8 +114,7 @@ class OmegaWindow(Bias):
         return self.inner.loss(pred, v)
 
     def check_composition(self, rule) -> list[str]:
-        check = getattr(self.inner, "check_composition", None)
-        return list(check(rule) or []) if check else []
+        return list(self.inner.check_composition(rule) or [])
 
     # -- the window -------------------------------------------------------------------------------
     def lag_weights(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -114,7 +128,7 @@ class OmegaWindow(Bias):
 
     def describe(self) -> str:
         extra = f", decay={self.decay}" if self.mode == "decay" else ""
-        inner = self.inner.describe() if hasattr(self.inner, "describe") else type(self.inner).__name__
+        inner = self.inner.describe()
         return f"OmegaWindow(window={self.window}, gamma={self.mode!r}{extra}, inner={inner})"
 
 
@@ -122,7 +136,7 @@ def build(params: WindowParams | None, ctx) -> OmegaWindow:
     params = params or WindowParams()
     path = f"{ctx.path}.inner" if ctx.path else "inner"
     inner = ctx.build("bias", params.inner, path)
-    if getattr(inner, "window", 1) != 1 or getattr(inner, "gamma_gate", False):
+    if inner.window != 1 or inner.gamma_gate:
         raise SpecError([Issue(
             path, "the inner bias of an Omega window must be a per-token bias (window 1, no gamma "
             "gate)", params.inner, "set the window size on the outer omega:window instead",

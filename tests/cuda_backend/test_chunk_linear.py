@@ -149,6 +149,7 @@ class LearnedLagWindow(Bias):
     """A window bias whose lag weights are a learned tensor (a foreign wrapper around l2)."""
 
     gamma_gate = True
+    error_kind = "l2"  # declared: its error is pred - v (the kernel serves declared kinds only)
 
     def __init__(self, lag: torch.Tensor) -> None:
         self.window = lag.shape[0]

@@ -35,6 +35,7 @@ from pydantic import Field
 
 from atlas_core.host.registry import Params
 from atlas_core.knobs import Retention
+from atlas_core.knobs.gates import ALPHA
 
 
 class KLParams(Params):
@@ -43,7 +44,7 @@ class KLParams(Params):
 
 
 class KLRetention(Retention):
-    gate_names = ("alpha",)
+    gates = (ALPHA,)
     linear = False
 
     def __init__(self, scale: float = 1.0, axis: str = "row") -> None:

@@ -42,6 +42,8 @@ class LpBias(Bias):
     def __init__(self, p: float = 3.0, eps: float = 1e-6) -> None:
         self.p = float(p)
         self.eps = float(eps)
+        # with p = 2 `error` is exactly pred - v (the fast l2 paths may serve it)
+        self.error_kind = "l2" if self.p == 2.0 else None
 
     def error(self, pred: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         e = pred - v

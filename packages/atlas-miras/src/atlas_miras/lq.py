@@ -33,6 +33,7 @@ from pydantic import Field, field_validator
 
 from atlas_core.host.registry import Params
 from atlas_core.knobs import Retention
+from atlas_core.knobs.gates import ALPHA
 
 
 class LqParams(Params):
@@ -57,7 +58,7 @@ def _qnorm(W: torch.Tensor, q: float) -> torch.Tensor:
 
 
 class LqRetention(Retention):
-    gate_names = ("alpha",)
+    gates = (ALPHA,)
 
     def __init__(self, q: float = 4.0) -> None:
         self.q = float(q)

@@ -1,0 +1,123 @@
+"""Gates: the per-token inputs a knob needs, declared by the knob (docs/plugins.md, "Gates").
+
+A knob lists the gates it reads as ``gates: tuple[Gate, ...]`` (a class attribute, or a property
+when it depends on params). The rule merges the declarations of its knobs (`merge_gates`); the
+memory layer builds one learned projection per declared gate from them, so a plugin adds a gate by
+declaring it, with no change to the core::
+
+    BETA = Gate("beta", bias=0.0, summary="per-head weight of the token's loss")
+
+    class ScaledL2(Bias):
+        gates = (BETA,)
+
+What the layer produces for a gate (``x`` the layer input, ``w``, ``b`` its projection, ``b``
+initialised to ``bias`` or to ``[layer] gate_bias.<name>``)::
+
+    gate = scale * activation(w x + b)
+
+- ``shape = "head"``: one scalar per head, ``[B, T, H]``;
+- ``shape = "key"``: one per key dimension, ``[B, T, H, Dk]``.
+
+This module imports no torch (entry modules may name gates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+SHAPES = ("head", "key")
+ACTIVATIONS = ("sigmoid", "identity", "softplus", "tanh", "exp")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One gate a knob needs (see the module docstring).
+
+    - ``name``: the key in ``gates={...}`` and in ``[layer] gate_bias``; a Python identifier;
+    - ``shape``: ``"head"`` (``[B, T, H]``) or ``"key"`` (``[B, T, H, Dk]``);
+    - ``activation``: ``"sigmoid"``, ``"identity"``, ``"softplus"``, ``"tanh"`` or ``"exp"``;
+    - ``bias``: the projection's initial bias (the gate starts near ``scale * activation(bias)``);
+    - ``scale``: a constant factor after the activation;
+    - ``summary``: one sentence for readers (``atlas`` listings, error messages).
+    """
+
+    name: str
+    shape: str = "head"
+    activation: str = "sigmoid"
+    bias: float = 0.0
+    scale: float = 1.0
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"a gate's name must be an identifier, got {self.name!r}")
+        if self.shape not in SHAPES:
+            raise ValueError(f"gate {self.name!r}: shape must be one of {SHAPES}, got {self.shape!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"gate {self.name!r}: activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        for key in ("bias", "scale"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"gate {self.name!r}: {key} must be a finite number, got {value!r}")
+
+    def activate(self, raw, scale: float | None = None):
+        """``scale * activation(raw)`` for a tensor of pre-activations."""
+        import torch
+
+        act = {
+            "sigmoid": torch.sigmoid,
+            "identity": lambda z: z,
+            "softplus": torch.nn.functional.softplus,
+            "tanh": torch.tanh,
+            "exp": torch.exp,
+        }[self.activation]
+        s = self.scale if scale is None else scale
+        out = act(raw)
+        return out * s if s != 1.0 else out
+
+
+# The core's gates (docs/math.md names and the memory layer's historical initial biases).
+ALPHA = Gate("alpha", bias=3.0, summary="retain factor alpha_t in [0, 1]: sigmoid(3.0) ~ 0.95")
+ETA = Gate("eta", bias=2.0, summary="momentum decay eta_t in [0, 1]: sigmoid(2.0) ~ 0.88")
+THETA = Gate("theta", bias=-4.6, summary="inner learning rate theta_t: theta_scale * sigmoid(-4.6) ~ 0.01")
+GAMMA = Gate("gamma", bias=3.0, summary="Omega window weight gamma_t in [0, 1]: sigmoid(3.0) ~ 0.95")
+
+#: The four gates of the first layer releases, in their historical order (the order of the
+#: layer's gate projection rows, kept so that checkpoints load).
+CORE_GATES = (ALPHA, ETA, THETA, GAMMA)
+CORE_GATE_NAMES = tuple(g.name for g in CORE_GATES)
+
+
+def merge_gates(declared: Iterable[tuple[str, Iterable[Gate]]]) -> tuple[Gate, ...]:
+    """The gates of a composition from ``(owner, gates)`` pairs (owner: ``"retention"``, ...).
+
+    Two owners may declare the same gate only identically; a different declaration is a
+    ValueError naming both. Order: the core gates in `CORE_GATE_NAMES` order, then the others in
+    declaration order."""
+    seen: dict[str, tuple[str, Gate]] = {}
+    for owner, gates in declared:
+        for gate in gates:
+            if not isinstance(gate, Gate):
+                raise ValueError(
+                    f"the {owner} declares {gate!r} as a gate; declare gates as "
+                    "atlas_core.knobs.Gate(name, ...) (docs/plugins.md#gates)")
+            if gate.name in seen and seen[gate.name][1] != gate:
+                other, first = seen[gate.name]
+                raise ValueError(
+                    f"gate {gate.name!r} is declared differently by the {other} ({first}) and the "
+                    f"{owner} ({gate}); knobs that share a gate must declare it identically")
+            seen.setdefault(gate.name, (owner, gate))
+    core = [seen[n][1] for n in CORE_GATE_NAMES if n in seen]
+    rest = [g for n, (_, g) in seen.items() if n not in CORE_GATE_NAMES]
+    return tuple(core + rest)
+
+
+def names(gates: Iterable[Gate]) -> tuple[str, ...]:
+    return tuple(g.name for g in gates)
+
+
+__all__ = ["ACTIVATIONS", "ALPHA", "CORE_GATES", "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "SHAPES",
+           "THETA", "merge_gates", "names"]
