@@ -87,10 +87,16 @@ def mlp(Ws, x, act, residual=True):
 
 def muon_mlp_loop(Ws0, q, k, v, gates, act, *, window=1, read="after", anchor_every=1):
     """Deep memory (residual MLP), l2 bias over a window, decay, Muon: one Z and one NS per
-    weight matrix, the inner gradient by autograd. Returns y and the final weights and momenta."""
+    weight matrix, the inner gradient by autograd. The memory reads with ``Ws0 + O`` (its initial
+    weights plus the offset O, zero at the start), and the algorithm and retention update O.
+    Returns y and the final offsets and momenta."""
     B, T, H, Dk = k.shape
     c = window
-    Ws = [w.clone() for w in Ws0]
+    Ws = [torch.zeros_like(w) for w in Ws0]  # the offsets
+
+    def eff(offsets):
+        return [w0 + o for w0, o in zip(Ws0, offsets)]
+
     Zs = [torch.zeros_like(w) for w in Ws]
     ext_k = torch.cat([torch.zeros(B, H, c - 1, Dk, dtype=q.dtype), k.transpose(1, 2)], 2)
     ext_v = torch.cat([torch.zeros(B, H, c - 1, v.shape[-1], dtype=q.dtype), v.transpose(1, 2)], 2)
@@ -102,15 +108,15 @@ def muon_mlp_loop(Ws0, q, k, v, gates, act, *, window=1, read="after", anchor_ev
             anchor = Ws
         qt = q[:, t]
         if read == "before":
-            ys.append(mlp(Ws, qt, act))
+            ys.append(mlp(eff(Ws), qt, act))
         leaf = [w.detach().requires_grad_(True) for w in anchor]
         loss = 0
         for ki, vi, wi in window_terms(t, c, ext_k, ext_v, ext_g):
-            loss = loss + (wi[..., None] * 0.5 * (mlp(leaf, ki, act) - vi).pow(2)).sum()
+            loss = loss + (wi[..., None] * 0.5 * (mlp(eff(leaf), ki, act) - vi).pow(2)).sum()
         grads = torch.autograd.grad(loss, leaf)
         a, et, th = (gates[n][:, t, :, None, None] for n in ("alpha", "eta", "theta"))
         Zs = [et * z + g for z, g in zip(Zs, grads)]
         Ws = [a * w - th * ns_each(z) for w, z in zip(Ws, Zs)]
         if read == "after":
-            ys.append(mlp(Ws, qt, act))
+            ys.append(mlp(eff(Ws), qt, act))
     return torch.stack(ys, dim=1), Ws, Zs

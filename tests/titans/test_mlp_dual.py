@@ -1,7 +1,8 @@
 """The dual form of ``core:chunkwise`` on ``titans:mlp`` (`Chunkwise._dual_chunk`): every token is
 read at its own weights through rank-one gradient factors, never forming per-token weights. It must
 equal the per-token path (`_generic_chunk`, which forms them) and the anchored reference loop on
-outputs, final state and gradients, float64, for gd and momentum, windows 1 and 3, reads after and
+outputs, final state and gradients (the reference on the rule with anchor = C, the block the
+chunk's gradients are taken at), float64, for gd and momentum, windows 1 and 3, reads after and
 before, depths 1 to 3, with and without the residual."""
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ CASES = [
 ]
 
 
-def make(alg, bias, read, depth, residual, act, B=2, T=21, H=2, D=4, seed=0):
+def make(alg, bias, read, depth, residual, act, B=2, T=21, H=2, D=4, seed=0, anchor=None):
     torch.manual_seed(seed)
     spec = {"use": "titans:titans_deep", "algorithm": alg, "bias": bias, "read": read,
             "structure": {"use": "titans:mlp", "depth": depth, "expansion": 2.0,
                           "residual": residual, "activation": act}}
+    if anchor is not None:
+        spec["anchor"] = anchor
     rule = ac.build_rule(spec, heads=H, d_key=D, d_value=D).to(DT)
     g = torch.Generator().manual_seed(seed + 1)
     q, k, v = (F.normalize(torch.randn(B, T, H, D, generator=g, dtype=DT), dim=-1) for _ in range(3))
@@ -56,12 +59,12 @@ def run(strategy, rule, q, k, v, gates):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(str(x) if not isinstance(x, dict) else "win3" for x in c))
 @pytest.mark.parametrize("C", [1, 8])
 def test_dual_form_equals_per_token_path_and_anchored_reference(case, C):
-    rule, q, k, v, gates = make(*case)
+    rule, q, k, v, gates = make(*case, anchor=C)
     dual, per_token = Chunkwise(ChunkwiseParams(chunk_size=C)), PerToken(ChunkwiseParams(chunk_size=C))
     assert dual.dual_path(rule)
     y1, s1 = run(dual, rule, q, k, v, gates)
     y2, s2 = run(per_token, rule, q, k, v, gates)
-    yr, sr = rule.reference(rule.prepare(q, k, v, gates), anchor_every=C)
+    yr, sr = rule.reference(rule.prepare(q, k, v, gates))  # core:sequential on the anchored rule
     scale = yr.abs().max()
     assert (y1 - y2).abs().max() <= 1e-12 * scale
     assert (y1 - yr).abs().max() <= 1e-12 * scale
