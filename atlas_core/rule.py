@@ -360,7 +360,9 @@ class ComposedRule(Rule):
         if missing:
             raise ValueError(
                 f"missing gates {missing}: this rule needs {list(self.gate_names)}, each [B, T, H] = "
-                f"[{B}, {T}, {H}]"
+                f"[{B}, {T}, {H}]" + "".join(
+                    f"; {n!r} is declared per key: [B, T, H, Dk] = [{B}, {T}, {H}, {Dk}]"
+                    for n in self.gate_names if self._gate_shapes[n] == "key")
             )
         gh, gc = {}, {}
         for name, g in gates.items():

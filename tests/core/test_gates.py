@@ -83,6 +83,8 @@ def test_a_key_gate_is_validated_and_passed_through():
     y1, _ = rule(q, k, v, gates=ones)
     y2, _ = plain(q, k, v, gates={n: gates[n] for n in plain.gate_names})
     torch.testing.assert_close(y1, y2, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"'rho' is declared per key: \[B, T, H, Dk\] = \[1, 4, 2, 3\]"):
+        rule(q, k, v, gates={n: g for n, g in gates.items() if n != "rho"})
     with pytest.raises(ValueError, match=r"gates\['rho'\] .*\[B, T, H, Dk\]"):
         rule(q, k, v, gates=dict(gates, rho=torch.rand(B, T, H, dtype=DT)))
 
