@@ -71,7 +71,7 @@ def test_parallel_defaults_to_auto_and_auto_is_resolved(reg):
     auto = spec_with(reg, memory={"algorithm": "core:momentum", "parallel": "auto"})
     # the per-token rule (anchor 1): core:chunkwise (priority 10) refuses it, core:exact_chunk
     # (priority 5) runs it exactly; auto picks it, with its defaults
-    assert auto.memory["parallel"] == {"use": "core:exact_chunk", "chunk_size": 64}
+    assert auto.memory["parallel"] == {"use": "core:exact_chunk", "chunk_size": 32}
     assert spec.memory["parallel"] == auto.memory["parallel"]
     # the anchored rule: core:chunkwise runs it, its chunk left to the anchor's largest divisor
     anchored = spec_with(reg, memory={"algorithm": "core:momentum", "anchor": 16})
