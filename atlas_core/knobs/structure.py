@@ -42,6 +42,11 @@ class Structure(nn.Module):
         """Shape of each weight for one (batch, head), after `bind`."""
         raise NotImplementedError
 
+    def effective(self, W: dict) -> dict:
+        """The weights the memory reads with, from its state ``W`` (the state itself, unless the
+        state is an offset from learned initial weights, as ``titans:mlp``'s is)."""
+        return W
+
     def init_state(self, batch: int, *, dtype: torch.dtype, device: torch.device) -> dict:
         """The memory before the first token: ``{name: [B, H, *shape]}``."""
         return {

@@ -16,10 +16,10 @@ from .results import Check, CheckFailed, CheckResult, Failure
 
 def catalogue() -> dict[str, Check]:
     """Every check, in catalogue order (importing the check modules registers them)."""
-    from . import checks_basic, checks_equivalence, checks_numeric
+    from . import checks_basic, checks_equivalence, checks_longrun, checks_numeric
 
     found: dict[str, Check] = {}
-    for module in (checks_basic, checks_numeric, checks_equivalence):
+    for module in (checks_basic, checks_numeric, checks_longrun, checks_equivalence):
         for obj in vars(module).values():
             check = getattr(obj, "atlas_check", None)
             if isinstance(getattr(check, "name", None), str) and callable(obj):
@@ -32,7 +32,7 @@ def catalogue() -> dict[str, Check]:
         "check_causal", "check_strategies_match_sequential", "check_state_carry", "check_split_calls",
         "check_gradients_finite", "check_gradients_match_reference", "check_gradcheck_float64",
         "check_deterministic_seed", "check_bf16_close_to_fp32", "check_long_sequence_stable",
-        "check_reductions", "check_backend_matches_reference",
+        "check_memory_stays_alive", "check_reductions", "check_backend_matches_reference",
     ]
     rest = [n for n in found if n not in order]
     return {n: found[n] for n in order + rest if n in found}

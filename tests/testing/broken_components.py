@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from atlas_core.components.l2 import L2Bias
+from atlas_core.components.linear import LinearMemory
 from atlas_core.rule import ComposedRule
 from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
 
@@ -91,7 +92,62 @@ def build_peeking_rule(params, ctx):
     return PeekingRule(*_knobs(ctx), spec={"use": "broken:peek"})
 
 
+class DyingMemory(LinearMemory):
+    """A two-factor memory ``M = W_b W_a`` whose factors are the state and decay toward zero (the
+    form a deep memory had before its state became an offset): zero is absorbing, since each
+    factor's gradient is multiplied by the other."""
+
+    is_linear = False
+
+    def bind(self, heads, d_in, d_out):
+        super().bind(heads, d_in, d_out)
+        g = torch.Generator().manual_seed(0)
+        self.start = {"Wa": torch.randn(heads, d_in, d_in, generator=g) / d_in ** 0.5,
+                      "Wb": torch.randn(heads, d_out, d_in, generator=g) / d_in ** 0.5}
+
+    def weight_shapes(self):
+        return {"Wa": (self.d_in, self.d_in), "Wb": (self.d_out, self.d_in)}
+
+    def init_state(self, batch, *, dtype, device):
+        return {k: w.to(dtype=dtype, device=device).unsqueeze(0).expand(batch, *w.shape).clone()
+                for k, w in self.start.items()}
+
+    def read(self, W, x):
+        return (x @ W["Wa"].transpose(-1, -2)) @ W["Wb"].transpose(-1, -2)
+
+    def read_per_token(self, Wt, x):
+        h = torch.einsum("bhnoi,bhni->bhno", Wt["Wa"], x)
+        return torch.einsum("bhnoi,bhni->bhno", Wt["Wb"], h)
+
+    def grad(self, W, x, u):
+        _, pull = torch.func.vjp(lambda w: self.read(w, x), dict(W))
+        return pull(u)[0]
+
+    def grad_per_token(self, W, x, u):
+        def one(x1, u1):
+            return self.grad(W, x1.unsqueeze(2), u1.unsqueeze(2))
+        return torch.func.vmap(one, in_dims=(2, 2), out_dims=2)(x, u)
+
+
+class ExplodingMemory(LinearMemory):
+    """A linear memory that climbs its loss 100 times too steeply (the gradient's sign flipped and
+    scaled): it grows without bound even at the default retention. Not declared linear, so every
+    strategy takes its gradients from `grad` (the linear fast paths use the closed form)."""
+
+    is_linear = False
+
+    def grad(self, W, x, u):
+        return {k: -100.0 * g for k, g in super().grad(W, x, u).items()}
+
+    def grad_per_token(self, W, x, u):
+        return {k: -100.0 * g for k, g in super().grad_per_token(W, x, u).items()}
+
+
 def register_broken(registry):
+    registry.add("structure", "dying", lambda params, ctx: DyingMemory(),
+                 summary="a two-factor memory decayed toward an absorbing zero (broken)")
+    registry.add("structure", "exploding", lambda params, ctx: ExplodingMemory(),
+                 summary="a linear memory that climbs its loss (broken)")
     registry.add("strategy", "chunkwise", lambda params, ctx: NoRetentionChunkwise(params),
                  params=ChunkwiseParams, summary="chunkwise without retention (broken)")
     registry.add("strategy", "forgetful", lambda params, ctx: ForgetfulChunkwise(params),

@@ -130,3 +130,18 @@ def test_entry_module_that_imports_torch_is_caught(host_with, fake_distribution)
     res = check_component(Case("heavy:l2copy"), on_fail="collect", checks=["check_entry_module_light"])
     assert res[0].status == "failed"
     assert "importing the entry module 'heavy_entry_mod' imports torch" in res[0].message
+
+
+@pytest.mark.parametrize("name,word", [("dying", "dies"), ("exploding", "")])
+def test_a_memory_that_dies_or_explodes_fails_the_liveness_check(broken, name, word):
+    res = check_component(Case(f"broken:{name}"), on_fail="collect", checks=["check_memory_stays_alive"])
+    failed = _failed(res)
+    assert "check_memory_stays_alive" in failed, [(r.name, r.status, r.message) for r in res]
+    msg = failed["check_memory_stays_alive"].message
+    assert word in msg and "after 128 tokens" in msg
+
+
+@pytest.mark.parametrize("name", ["core:linear", "titans:mlp"])
+def test_the_bundled_structures_live(name):
+    res = check_component(Case(name), on_fail="collect", checks=["check_memory_stays_alive"])
+    assert [r.status for r in res if r.name == "check_memory_stays_alive"] == ["passed"]
