@@ -32,8 +32,9 @@ def _norm(rule, state) -> float:
     "check_memory_stays_alive",
     f"at the memory layer's default gates, over {LIVE_T} tokens (unit-norm q and k, B = 1), the "
     f"norm of the memory the structure reads with stays finite, non-zero and within "
-    f"[{BAND[0]}, {BAND[1]}] times its norm after {LIVE_REF} tokens (the fastest strategy that "
-    "runs the rule: a chunked one when it accepts it).",
+    f"[{BAND[0]}, {BAND[1]}] times its norm after {LIVE_REF} tokens (under the kit's parallel "
+    "variant when one runs the rule: chunk size 3, on the rule rebuilt with anchor = 6 where the "
+    "strategy refuses it as given; else core:sequential).",
     {"structure"},
 )
 def check_memory_stays_alive(subject) -> None:
