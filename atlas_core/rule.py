@@ -240,7 +240,8 @@ class ComposedRule(Rule):
         if problems:
             raise SpecError(problems)
         self._gate_shapes = {g.name: g.shape for g in self.gates}
-        self._retention_gated = bool(_declared_gates(self.retention))
+        self._retention_gated = bool(_declared_gates(self.retention)) or bool(
+            getattr(self.retention, "fixed_alpha", False))
 
     # -- sizes ----------------------------------------------------------------------------------
     @property

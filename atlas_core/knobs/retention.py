@@ -18,8 +18,12 @@ class Retention:
 
     linear: bool = True
     #: The gates `alpha` reads (docs/plugins.md#gates); ``gate_names`` follows. A retention
-    #: without gates retains everything (alpha = 1; `alpha` is not called).
+    #: without gates retains everything (alpha = 1; `alpha` is not called) unless it declares
+    #: ``fixed_alpha``.
     gates: tuple[Gate, ...] = ()
+    #: `alpha` gives a retain factor that reads no gate (e.g. RetNet's fixed per-head decay):
+    #: it is called although the retention declares no gates.
+    fixed_alpha: bool = False
 
     @property
     def gate_names(self) -> tuple[str, ...]:

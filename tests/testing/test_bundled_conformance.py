@@ -1,6 +1,6 @@
 """Every bundled plugin passes the conformance kit.
 
-The core, titans, omega and cuda namespaces are checked here, with the cases each component
+The core, titans, omega, cuda and zoo namespaces are checked here, with the cases each component
 declares (``check_cases``) or its default params; atlas_muon and mru run the same kit in their
 own test folders (tests/atlas_muon/test_conformance.py, tests/mru/test_mru_conformance.py). A
 meta-test makes sure no bundled namespace is left out.
@@ -14,7 +14,7 @@ from pathlib import Path
 from atlas_core.host.manager import get_host
 from atlas_core.testing import cases_for_target, parametrize_with_checks
 
-HERE = ("core", "titans", "omega", "cuda")
+HERE = ("core", "titans", "omega", "cuda", "zoo")
 TESTS = Path(__file__).resolve().parents[1]
 
 

@@ -1,0 +1,39 @@
+"""The zoo plugin: registers the ``zoo:*`` presets and components through `atlas_register`.
+
+The field's published linear-memory rules, written with the MIRAS knobs in the repository's
+conventions (docs/math.md, "The zoo's conventions"; docs/zoo.md gives each equation and how a
+published implementation's tensors map onto it): memory ``M: [Dv, Dk]``, read ``y = M q`` with q
+as given (no 1/sqrt(d) inside the rule), ``alpha`` the retain multiplier, ``theta`` the write
+strength. Presets here are per-token rules (anchor 1).
+
+Cheap to import: no torch here; factories are ``"module:attribute"`` strings.
+"""
+
+from __future__ import annotations
+
+from atlas_core.host.hookspecs import hookimpl
+
+_Z = "atlas_plugins.zoo"
+
+
+def _knobs(bias: str, retention: str) -> dict:
+    return {"structure": "core:linear", "bias": bias, "retention": retention,
+            "algorithm": "core:gd", "feature_map": "core:identity", "read": "after"}
+
+
+@hookimpl
+def atlas_register(registry):
+    registry.add("retention", "fixed_decay", f"{_Z}.retention:build",
+                 summary="RetNet's fixed per-head retention: alpha_h = 1 - 2^(-5 - h), no gate")
+    registry.add_preset(
+        "linear_attention", _knobs("core:dot", "core:none"),
+        summary="linear attention (Katharopoulos et al. 2020): M_t = M + theta v k^T")
+    registry.add_preset(
+        "retnet", _knobs("core:dot", "zoo:fixed_decay"),
+        summary="RetNet: M_t = alpha_h M + theta v k^T, alpha_h = 1 - 2^(-5 - h) per head")
+    registry.add_preset(
+        "simple_gla", _knobs("core:dot", "core:decay"),
+        summary="simple GLA / Lightning-style scalar gate: M_t = alpha_t M + theta v k^T")
+    registry.add_preset(
+        "deltanet", _knobs("core:l2", "core:none"),
+        summary="DeltaNet (Schlag et al. 2021, Yang et al. 2024): M_t = M - theta (M k - v) k^T")
