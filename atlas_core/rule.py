@@ -237,6 +237,10 @@ class ComposedRule(Rule):
                                      for k in ("retention", "algorithm", "bias"))
         except ValueError as exc:
             problems.append(Issue("", str(exc), None))
+        if getattr(self.retention, "gradient_at", "current") == "retained" and self.anchor != 1:
+            problems.append(Issue(
+                "anchor", f"retention {self.spec.get('retention')!r} takes the gradient at the decayed "
+                "memory of each token, which an anchor block cannot share", self.anchor, "use anchor = 1"))
         if problems:
             raise SpecError(problems)
         self._gate_shapes = {g.name: g.shape for g in self.gates}
@@ -462,16 +466,21 @@ class ComposedRule(Rule):
         ys = []
         pos0 = self.position(p)
         anchor = self.anchor_weights(p, W)
+        retained = getattr(self.retention, "gradient_at", "current") == "retained"
         for t in range(T):
             if (pos0 + t) % A == 0:
                 anchor = W
             if self.read == "before":
                 ys.append(S.read(W, psi_t[t]))
+            if retained:  # decay first, then the step from the decayed memory (Gated DeltaNet)
+                a = alpha_t[t]
+                W = {k: a.reshape(*a.shape, *([1] * (w.dim() - a.dim()))) * w for k, w in W.items()}
+                anchor = W
             u = self.bias.error(S.read(anchor, xw_t[t]), vw_t[t]) * wts_t[t].unsqueeze(-1)
             g = S.grad(anchor, xw_t[t], u)
             W, opt = self.algorithm.step(
-                W, opt, g, alpha=alpha_t[t], gates={n: x[t] for n, x in gates_t.items()},
-                retention=self.retention,
+                W, opt, g, alpha=torch.ones_like(alpha_t[t]) if retained else alpha_t[t],
+                gates={n: x[t] for n, x in gates_t.items()}, retention=self.retention,
             )
             if self.read == "after":
                 ys.append(S.read(W, psi_t[t]))

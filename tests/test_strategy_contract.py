@@ -146,7 +146,13 @@ def _rule_anchor_cases() -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("rule_name,anchor", _rule_anchor_cases(), ids=lambda x: str(x))
 def test_every_accepting_strategy_equals_sequential(rule_name, anchor):
-    rule = _build(rule_name, anchor)
+    from atlas_core.errors import SpecError
+
+    try:
+        rule = _build(rule_name, anchor)
+    except SpecError as exc:  # a rule may refuse an anchor (a per-token gradient point): say so
+        assert anchor != 1 and "anchor" in str(exc), exc
+        return
     inputs = _inputs(rule, 37)
     warm = _run(rule, _inputs(rule, 3, seed=5), "core:sequential")[1]  # a non-zero start state
     ref = _run(rule, inputs, "core:sequential", state0=warm)

@@ -24,6 +24,10 @@ class Retention:
     #: `alpha` gives a retain factor that reads no gate (e.g. RetNet's fixed per-head decay):
     #: it is called although the retention declares no gates.
     fixed_alpha: bool = False
+    #: Where the algorithm's gradient is taken: ``"current"`` (at ``M_{t-1}``, Titans, MIRAS) or
+    #: ``"retained"`` (at ``alpha_t M_{t-1}``, Gated DeltaNet: the memory is decayed first, then
+    #: the step is taken from it; docs/math.md reduction 6). A retained point needs ``anchor = 1``.
+    gradient_at: str = "current"
 
     @property
     def gate_names(self) -> tuple[str, ...]:

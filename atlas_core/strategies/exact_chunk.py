@@ -175,6 +175,11 @@ class ExactChunk(Strategy):
                 "(use core:chunkwise or core:sequential)"
             )
         ret = rule.retention
+        if getattr(ret, "gradient_at", "current") != "current" and (form != "gd" or rule.window != 1):
+            return False, (
+                f"retention {spec.get('retention')!r} takes the gradient at the decayed memory: "
+                "the exact form is implemented for gd with a one-token window only"
+            )
         if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
             return False, (
                 f"retention {spec.get('retention')!r} is not a scalar decay (it transforms the "
@@ -220,6 +225,12 @@ class ExactChunk(Strategy):
         Kp = _shift_down(K, 0.0, dim=-2)  # K[t-1, j]: strictly lower
         Ap = _shift_down(A, 1.0, dim=-1)
         Kr, Ar = (K, A) if after else (Kp, Ap)
+        if getattr(rule.retention, "gradient_at", "current") == "retained":
+            # (gd, c = 1) the error at the decayed memory alpha_t M_{t-1} = A_t S - sum_{j<t}
+            # L[t, j] theta_j e_j k_j^T: the system's rows are L's strictly lower part and A_t
+            # in place of L[t-1, .] and A_{t-1}; the reads and the state update are unchanged
+            Kp = K.tril(-1)
+            Ap = A
         if c == 1:
             w = theta * F.pad(xg, (0, pad)).unflatten(-1, (N, C)) * lag[0]  # [B, H, N, C]
             X = _pad_tokens(xk, pad).unflatten(2, (N, C))  # the write keys: [B, H, N, C, Dk]

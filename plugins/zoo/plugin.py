@@ -34,6 +34,12 @@ def atlas_register(registry):
     registry.add_preset(
         "simple_gla", _knobs("core:dot", "core:decay"),
         summary="simple GLA / Lightning-style scalar gate: M_t = alpha_t M + theta v k^T")
+    registry.add("retention", "decay_first", f"{_Z}.retention:build_decay_first",
+                 summary="Gated DeltaNet's forgetting: decay by alpha_t, then the step from the "
+                 "decayed memory (gradient at alpha_t M_{t-1})")
+    registry.add_preset(
+        "gated_deltanet", _knobs("core:l2", "zoo:decay_first"),
+        summary="Gated DeltaNet: M_t = alpha M - theta (alpha M k - v) k^T (gradient at the decayed memory)")
     registry.add_preset(
         "deltanet", _knobs("core:l2", "core:none"),
         summary="DeltaNet (Schlag et al. 2021, Yang et al. 2024): M_t = M - theta (M k - v) k^T")

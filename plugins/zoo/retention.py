@@ -24,3 +24,23 @@ class FixedDecay(Retention):
 
 def build(params, ctx) -> FixedDecay:
     return FixedDecay()
+
+
+class DecayFirst(Retention):
+    """``zoo:decay_first``: Gated DeltaNet's forgetting (Yang et al. 2024). The memory is decayed
+    by the gate ``alpha_t`` first and the step is taken from the decayed memory, so the gradient
+    is ``grad L_t(alpha_t M_{t-1})`` — another rule than ``core:decay``, whose gradient is taken
+    at ``M_{t-1}`` (docs/math.md, reduction 6): ``M_t = alpha_t M_{t-1} - theta_t (alpha_t
+    M_{t-1} k_t - v_t) k_t^T`` with gd and the l2 bias."""
+
+    from atlas_core.knobs.gates import ALPHA as _ALPHA
+
+    gates = (_ALPHA,)
+    gradient_at = "retained"
+
+    def alpha(self, gates: dict, like: torch.Tensor) -> torch.Tensor:
+        return gates["alpha"]
+
+
+def build_decay_first(params, ctx) -> DecayFirst:
+    return DecayFirst()

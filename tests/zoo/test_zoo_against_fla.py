@@ -128,8 +128,35 @@ def test_deltanet_equals_fla():
     _check(results, y_ref.transpose(1, 2), S_ref)
 
 
+def test_gated_deltanet_equals_fla():
+    """Gated DeltaNet takes the gradient at the decayed memory (zoo:decay_first): equal to fla's
+    loop, and a different rule from core:decay (gradient at M_{t-1}) with the same gates."""
+    ref = _fla("ops/gated_delta_rule/naive.py")
+    q, k, v, alpha, beta = _inputs(5)
+    y_ref, S_ref = ref.naive_recurrent_gated_delta_rule(q, k, v, beta, alpha.log(), scale=1.0,
+                                                        output_final_state=True)
+    gates = {"alpha": alpha, "theta": beta}
+    results, ran = _ours("zoo:gated_deltanet", gates, q, k, v)
+    assert any(isinstance(s, dict) and s["use"] == "core:exact_chunk" for s in ran)
+    _check(results, y_ref, S_ref)
+    other = ac.build_rule({"use": "zoo:deltanet", "retention": "core:decay"}, heads=H, d_key=D, d_value=D)
+    with torch.no_grad():
+        y_other, _ = other(q, k, v, gates=gates, strategy="core:sequential")
+    assert (y_other - y_ref).abs().max() > 1e-3
+
+
+def test_a_retained_gradient_point_refuses_an_anchor_and_chunkwise():
+    from atlas_core.errors import SpecError
+
+    with pytest.raises(SpecError, match="anchor"):
+        ac.build_rule({"use": "zoo:gated_deltanet", "anchor": 16})
+    rule = ac.build_rule("zoo:gated_deltanet")
+    with pytest.raises(StrategyError, match="decayed memory"):
+        rule.runner({"use": "core:chunkwise", "chunk_size": 1})
+
+
 def test_zoo_presets_are_per_token_rules_in_the_conventions():
-    for name in ("zoo:linear_attention", "zoo:retnet", "zoo:simple_gla", "zoo:deltanet"):
+    for name in ("zoo:linear_attention", "zoo:retnet", "zoo:simple_gla", "zoo:deltanet", "zoo:gated_deltanet"):
         rule = ac.build_rule(name)
         assert rule.anchor == 1 and rule.spec["structure"] == "core:linear"
     assert ac.build_rule("zoo:retnet").gate_names == ("theta",)  # fixed decay: no alpha gate
