@@ -6,9 +6,8 @@ and activation s, for one (batch, head)::
     M(x) = x + W_L s( ... s(W_2 s(W_1 x)) ... )        (the residual only when Dv == Dphi)
 
 ``W_1: [hidden, Dphi]``, ``W_i: [hidden, hidden]`` for 1 < i < L, ``W_L: [Dv, hidden]`` with
-``hidden = round(e * Dphi)``; depth 1 is the linear map ``x + W_1 x``. (MATH.md writes the
-two-layer case as ``x + W1 s(W2 x)``, numbering from the output; here ``W1`` is the first
-layer applied, numbering from the input.)
+``hidden = round(e * Dphi)``; depth 1 is the linear map ``x + W_1 x``. The weights are numbered
+from the input, ``W1`` the first layer applied (docs/math.md, "Deep memory").
 
 Shapes (the `Structure` contract):
 - weights ``W``: ``{"W1": [B, H, hidden, Dphi], ..., "W<L>": [B, H, Dv, hidden]}``;

@@ -1,6 +1,6 @@
 """core:exact_chunk (the WY / UT transform) equals the sequential delta rule for any chunk size.
 
-Oracles: the hand-written loop of MATH.md (tests/core/loops.py, no library objects) and
+Oracles: the hand-written loop of docs/math.md (tests/core/loops.py, no library objects) and
 ``core:sequential``; float64, 1e-10. Unlike core:chunkwise there is no anchoring: every chunk
 size gives the sequential result. Momentum and Omega windows: test_exact_chunk_rules.py; fla-core's
 published references: test_exact_chunk_fla.py.
