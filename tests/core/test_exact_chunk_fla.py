@@ -21,30 +21,17 @@ The modules are loaded from their files (they import only torch and einops), not
 installed (``pip install --no-deps fla-core``).
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 import atlas_core as ac
 
+from ..fla_refs import fla_reference
+
 B, T, H, D = 2, 100, 2, 8
 TOL = 2e-4
 
-
-def _fla_module(rel: str):
-    spec = importlib.util.find_spec("fla")  # finds the package without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("fla-core is not installed (pip install --no-deps fla-core): no published "
-                    "reference to compare with")
-    path = Path(list(spec.submodule_search_locations)[0]) / rel
-    if not path.is_file():
-        pytest.skip(f"this fla-core has no {rel}")
-    mod_spec = importlib.util.spec_from_file_location(f"_fla_ref_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module
 
 
 def _inputs(seed):
@@ -69,7 +56,7 @@ def _close(got, want, what):
 
 @pytest.mark.parametrize("C", [16, 64])
 def test_delta_rule_equals_fla_gated_delta_rule_without_decay(C):
-    fla = _fla_module("ops/gated_delta_rule/naive.py")
+    fla = fla_reference("ops/gated_delta_rule/naive.py")
     q, k, v, gates, M0, _ = _inputs(seed=C)
     rule = ac.build_rule({"retention": "core:none"}, heads=H, d_key=D, d_value=D)
     y, s = rule(q, k, v, gates={"theta": gates["theta"]}, state={"M": M0},
@@ -90,7 +77,7 @@ def test_delta_rule_equals_fla_gated_delta_rule_without_decay(C):
 
 @pytest.mark.parametrize("C", [16, 64])
 def test_titans_equals_fla_momentum_delta_rule(C):
-    fla = _fla_module("ops/momentum_delta_rule/naive.py")
+    fla = fla_reference("ops/momentum_delta_rule/naive.py")
     q, k, v, gates, M0, Z0 = _inputs(seed=100 + C)
     rule = ac.build_rule({"use": "titans:titans"}, heads=H, d_key=D, d_value=D)
     y, s = rule(q, k, v, gates=gates, state={"M": M0, "Z.M": Z0},

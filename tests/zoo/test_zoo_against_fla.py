@@ -10,31 +10,19 @@ so the comparison is at float32 accuracy.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 import atlas_core as ac
+
+from ..fla_refs import fla_reference
 from atlas_core.errors import StrategyError
 from atlas_core.host.manager import get_registry
 
 B, T, H, D = 2, 40, 3, 8
 TOL = 2e-5
 
-
-def _fla(rel: str):
-    spec = importlib.util.find_spec("fla")  # the package's files, without running its __init__
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("fla-core is not installed (it is in the test extra): no published reference")
-    path = Path(list(spec.submodule_search_locations)[0]) / rel
-    if not path.is_file():
-        pytest.fail(f"fla-core is installed but has no {rel}: the pinned 0.6.0 ships it")
-    mod_spec = importlib.util.spec_from_file_location(f"_zoo_ref_{path.parent.name}", path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    return module
 
 
 def _inputs(seed=0):
@@ -88,7 +76,7 @@ def _check(results, y_ref, S_ref):
 
 
 def test_linear_attention_equals_fla():
-    ref = _fla("ops/linear_attn/naive.py")
+    ref = fla_reference("ops/linear_attn/naive.py")
     q, k, v, _, _ = _inputs(1)
     y_ref = ref.naive_recurrent_linear_attn(q, k, v, scale=1.0)[0]
     # fla returns no final state here without output_final_state; rebuild it: S = sum k v^T
@@ -98,7 +86,7 @@ def test_linear_attention_equals_fla():
 
 
 def test_simple_gla_equals_fla():
-    ref = _fla("ops/simple_gla/naive.py")
+    ref = fla_reference("ops/simple_gla/naive.py")
     q, k, v, alpha, _ = _inputs(2)
     y_ref, S_ref = ref.naive_recurrent_simple_gla(q, k, v, alpha.log(), scale=1.0)
     results, _ = _ours("zoo:simple_gla", {"alpha": alpha, "theta": torch.ones(B, T, H)}, q, k, v)
@@ -106,7 +94,7 @@ def test_simple_gla_equals_fla():
 
 
 def test_retnet_equals_fla():
-    ref = _fla("ops/retention/naive.py")
+    ref = fla_reference("ops/retention/naive.py")
     q, k, v, _, _ = _inputs(3)
     # fla's naive_retention: [B, H, T, D] inputs, q scaled by 1/sqrt(D) inside, no final state
     y_ref = ref.naive_retention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2) * D ** 0.5
@@ -118,7 +106,7 @@ def test_retnet_equals_fla():
 
 
 def test_deltanet_equals_fla():
-    ref = _fla("ops/delta_rule/naive.py")
+    ref = fla_reference("ops/delta_rule/naive.py")
     q, k, v, _, beta = _inputs(4)
     # fla's delta_rule_recurrence: [B, H, T, D], q scaled by 1/sqrt(Dk) inside
     y_ref, S_ref = ref.delta_rule_recurrence(*(x.transpose(1, 2) for x in (q * D ** 0.5, k, v)),
@@ -131,7 +119,7 @@ def test_deltanet_equals_fla():
 def test_gated_deltanet_equals_fla():
     """Gated DeltaNet takes the gradient at the decayed memory (zoo:decay_first): equal to fla's
     loop, and a different rule from core:decay (gradient at M_{t-1}) with the same gates."""
-    ref = _fla("ops/gated_delta_rule/naive.py")
+    ref = fla_reference("ops/gated_delta_rule/naive.py")
     q, k, v, alpha, beta = _inputs(5)
     y_ref, S_ref = ref.naive_recurrent_gated_delta_rule(q, k, v, beta, alpha.log(), scale=1.0,
                                                         output_final_state=True)
