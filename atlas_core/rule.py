@@ -237,15 +237,14 @@ class ComposedRule(Rule):
                                      for k in ("retention", "algorithm", "bias"))
         except ValueError as exc:
             problems.append(Issue("", str(exc), None))
-        if getattr(self.retention, "gradient_at", "current") == "retained" and self.anchor != 1:
+        if self.retention.gradient_at == "retained" and self.anchor != 1:
             problems.append(Issue(
                 "anchor", f"retention {self.spec.get('retention')!r} takes the gradient at the decayed "
                 "memory of each token, which an anchor block cannot share", self.anchor, "use anchor = 1"))
         if problems:
             raise SpecError(problems)
         self._gate_shapes = {g.name: g.shape for g in self.gates}
-        self._retention_gated = bool(_declared_gates(self.retention)) or bool(
-            getattr(self.retention, "fixed_alpha", False))
+        self._retention_gated = bool(_declared_gates(self.retention)) or self.retention.fixed_alpha
 
     # -- sizes ----------------------------------------------------------------------------------
     @property
@@ -466,7 +465,7 @@ class ComposedRule(Rule):
         ys = []
         pos0 = self.position(p)
         anchor = self.anchor_weights(p, W)
-        retained = getattr(self.retention, "gradient_at", "current") == "retained"
+        retained = self.retention.gradient_at == "retained"
         for t in range(T):
             if (pos0 + t) % A == 0:
                 anchor = W

@@ -231,7 +231,7 @@ class Chunkwise(Strategy):
             )
         A, C = int(getattr(rule, "anchor", 1)), self.chunk_size
         free = A == 1 and _anchor_free(rule)  # any chunk: the gradients ignore the memory
-        if getattr(rule.retention, "gradient_at", "current") != "current" and not free:
+        if rule.retention.gradient_at != "current" and not free:
             return False, (
                 f"retention {rule.spec.get('retention')!r} takes each gradient at that token's "
                 "decayed memory, which no chunk anchor shares; core:exact_chunk runs it exactly "

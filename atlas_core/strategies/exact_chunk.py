@@ -175,7 +175,7 @@ class ExactChunk(Strategy):
                 "(use core:chunkwise or core:sequential)"
             )
         ret = rule.retention
-        if getattr(ret, "gradient_at", "current") != "current" and (form != "gd" or rule.window != 1):
+        if ret.gradient_at != "current" and (form != "gd" or rule.window != 1):
             return False, (
                 f"retention {spec.get('retention')!r} takes the gradient at the decayed memory: "
                 "the exact form is implemented for gd with a one-token window only"
@@ -225,7 +225,7 @@ class ExactChunk(Strategy):
         Kp = _shift_down(K, 0.0, dim=-2)  # K[t-1, j]: strictly lower
         Ap = _shift_down(A, 1.0, dim=-1)
         Kr, Ar = (K, A) if after else (Kp, Ap)
-        if getattr(rule.retention, "gradient_at", "current") == "retained":
+        if rule.retention.gradient_at == "retained":
             # (gd, c = 1) the error at the decayed memory alpha_t M_{t-1} = A_t S - sum_{j<t}
             # L[t, j] theta_j e_j k_j^T: the system's rows are L's strictly lower part and A_t
             # in place of L[t-1, .] and A_{t-1}; the reads and the state update are unchanged

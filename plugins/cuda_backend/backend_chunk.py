@@ -59,7 +59,7 @@ class ChunkLinearBackend(Backend):
 
         if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
             return False, f"retention {rule.spec.get('retention')!r} is not a linear (scalar decay) retention"
-        if getattr(ret, "gradient_at", "current") != "current":
+        if ret.gradient_at != "current":
             return False, f"retention {rule.spec.get('retention')!r} takes the gradient at the decayed memory"
         kind = bias_kind(rule.bias)
         if kind is None:
