@@ -116,32 +116,9 @@ def check_params_forbid_extra_keys(subject) -> None:
 
 
 def _dump_toml(data: dict) -> str:
-    try:
-        from atlas_core.spec import dump_toml
-    except ImportError:  # the spec package is optional for the kit: a minimal writer
-        return _minimal_toml(data)
+    from atlas_core.spec import dump_toml
+
     return dump_toml(data)
-
-
-def _minimal_toml(data: dict, prefix: str = "") -> str:
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items() if x is not None) + " }"
-        raise TypeError(f"cannot write {type(v).__name__} as TOML")
-
-    lines = []
-    for table, body in data.items():
-        lines.append(f"[{table}]")
-        lines += [f"{json.dumps(k)} = {value(v)}" for k, v in body.items() if v is not None]
-    return "\n".join(lines) + "\n"
 
 
 @register(
