@@ -6,6 +6,11 @@ Deliberate choices (learned from pytest, tox, datasette and llm):
   carries on. ``ATLAS_STRICT_PLUGINS=1`` re-raises instead (the conformance kit always does);
 - registration is explicit through the `atlas_register` hook, never an import side effect;
 - a hook implementation whose name is not a known hook is an error with a "did you mean";
+- a plugin's registrations are all or nothing: they are staged while its hook runs and committed
+  when it returns; a hook that raises leaves no component behind;
+- a namespace belongs to one distribution: the bundled ones to their owner (`NAMESPACE_OWNERS`;
+  another distribution's entry point of that name is refused, the owner keeps working), any
+  other one to the single distribution that claims it (two claimants: both refused);
 - order is deterministic: the core first, then the other namespaces sorted by name.
 """
 
@@ -23,7 +28,13 @@ import pluggy
 
 from ..errors import PluginError, did_you_mean
 from . import hookspecs
-from .registry import NamespacedRegistry, Provider, Registry
+from .registry import (
+    NAMESPACE_OWNERS,
+    NamespacedRegistry,
+    Provider,
+    Registry,
+    canonical_distribution,
+)
 
 ENTRY_POINT_GROUP = "atlas_core.plugins"
 STRICT_ENV = "ATLAS_STRICT_PLUGINS"
@@ -36,7 +47,7 @@ class PluginRecord:
     module: str
     distribution: str
     version: str
-    status: str = "pending"  # "ok" | "failed" | "disabled"
+    status: str = "pending"  # "ok" | "failed" | "refused" | "disabled"
     error: str | None = None
     traceback: str | None = None
     components: list[str] = field(default_factory=list)
@@ -65,8 +76,16 @@ def _entry_points() -> list[metadata.EntryPoint]:
     eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
     seen: dict[tuple[str, str], metadata.EntryPoint] = {}
     for ep in eps:  # the same distribution found twice on sys.path: keep the first
-        seen.setdefault((ep.name, _dist_of(ep)[0]), ep)
-    return sorted(seen.values(), key=lambda e: (e.name != "core", e.name))
+        seen.setdefault((ep.name, canonical_distribution(_dist_of(ep)[0])), ep)
+    return sorted(seen.values(), key=lambda e: (e.name != "core", e.name, _dist_of(e)[0]))
+
+
+def _claims(eps: list[metadata.EntryPoint]) -> dict[str, list[metadata.EntryPoint]]:
+    """Entry points grouped by namespace, in loading order (the core first, then sorted)."""
+    out: dict[str, list[metadata.EntryPoint]] = {}
+    for ep in eps:
+        out.setdefault(ep.name, []).append(ep)
+    return out
 
 
 def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
@@ -89,38 +108,85 @@ class PluginHost:
 
     # -- loading ------------------------------------------------------------------------------
     def load_entry_points(self) -> "PluginHost":
+        """Load every entry point of the group, one at a time. A namespace belongs to one
+        distribution: the bundled namespaces (`NAMESPACE_OWNERS`) to their owner, whose entry
+        point alone is loaded (another distribution's is refused); any other namespace claimed
+        by two distributions is refused for both (neither is loaded: which one would win
+        depends on the order of sys.path)."""
         disabled = {s.strip() for s in os.environ.get(DISABLE_ENV, "").split(",") if s.strip()}
-        for ep in _entry_points():
-            dist, version = _dist_of(ep)
-            rec = PluginRecord(ep.name, ep.value, dist, version)
-            first = self.records.get(ep.name)
-            if first is not None:  # two distributions claim one namespace
-                rec.namespace = f"{ep.name} ({dist})"
-                self.records[rec.namespace] = rec
-                self._fail(rec, PluginError(
-                    f"namespace {ep.name!r} is claimed by {first.distribution} ({first.module}) "
-                    f"and by {dist} ({ep.value}); uninstall one of them"
-                ))
+        for name, eps in _claims(_entry_points()).items():
+            owner = NAMESPACE_OWNERS.get(name)
+            if owner is not None:
+                mine = [ep for ep in eps if canonical_distribution(_dist_of(ep)[0]) == owner]
+                if mine:
+                    self._load_one(mine[0], disabled)
+                for ep in eps:
+                    if ep not in mine:
+                        self._refuse_squatter(name, ep, owner, present=bool(mine))
                 continue
-            self.records[ep.name] = rec
-            if ep.name in disabled:
-                rec.status = "disabled"
-                self.registry.mark_unavailable(
-                    ep.name, f"is disabled by {DISABLE_ENV}; remove {ep.name!r} from that variable "
-                    "to use it")
+            if len(eps) > 1:
+                self._refuse_collision(name, eps)
                 continue
-            t0 = time.perf_counter()
-            try:
-                module = ep.load()
-            except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                self._fail(rec, exc)
-                continue
-            finally:
-                rec.import_seconds = time.perf_counter() - t0
-            self.add_plugin_module(ep.name, module, rec)
+            self._load_one(eps[0], disabled)
         return self
+
+    def _load_one(self, ep: metadata.EntryPoint, disabled: set[str]) -> None:
+        dist, version = _dist_of(ep)
+        rec = PluginRecord(ep.name, ep.value, dist, version)
+        self.records[ep.name] = rec
+        if ep.name in disabled:
+            rec.status = "disabled"
+            self.registry.mark_unavailable(
+                ep.name, f"is disabled by {DISABLE_ENV}; remove {ep.name!r} from that variable "
+                "to use it")
+            return
+        t0 = time.perf_counter()
+        try:
+            module = ep.load()
+        except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            rec.import_seconds = time.perf_counter() - t0
+            self._fail(rec, exc)
+            return
+        rec.import_seconds = time.perf_counter() - t0
+        self.add_plugin_module(ep.name, module, rec)
+
+    def _refuse_squatter(self, name: str, ep: metadata.EntryPoint, owner: str, *, present: bool) -> None:
+        dist, version = _dist_of(ep)
+        rec = PluginRecord(f"{name} ({dist})", ep.value, dist, version)
+        self.records[rec.namespace] = rec
+        if present:
+            why = f"the {owner} plugin of that name is loaded instead"
+        else:
+            why = f"{owner} is not installed, so the namespace stays empty"
+            self.registry.mark_unavailable(
+                name, f"belongs to {owner}, which is not installed; {dist} {version} claims it and "
+                "was refused (see `atlas plugins doctor`)")
+        self._refuse(rec, (
+            f"namespace {name!r} belongs to {owner}; the entry point {name} = {ep.value} of {dist} "
+            f"{version} claims it and is refused ({why}); uninstall {dist} or ask its authors to "
+            "use their own namespace"))
+
+    def _refuse_collision(self, name: str, eps: list[metadata.EntryPoint]) -> None:
+        claims = [f"{_dist_of(ep)[0]} {_dist_of(ep)[1]} ({ep.value})" for ep in eps]
+        text = " and ".join(claims)
+        for ep in eps:
+            dist, version = _dist_of(ep)
+            rec = PluginRecord(f"{name} ({dist})", ep.value, dist, version)
+            self.records[rec.namespace] = rec
+            self._refuse(rec, (
+                f"namespace {name!r} is claimed by {text}; neither is loaded (which would win "
+                "depends on the order of sys.path); uninstall all but one of them"))
+        self.registry.mark_unavailable(
+            name, f"is claimed by {text}, so neither was loaded; uninstall all but one "
+            "(see `atlas plugins doctor`)")
+
+    def _refuse(self, rec: PluginRecord, message: str) -> None:
+        rec.status = "refused"
+        rec.error = message
+        if self.strict:
+            raise PluginError(f"plugin {rec.namespace!r} refused: {message}")
 
     def add_plugin_module(
         self, namespace: str, module: ModuleType, record: PluginRecord | None = None
@@ -145,12 +211,13 @@ class PluginHost:
                 if any(i.plugin_name == namespace for i in getattr(self.pm.hook, name).get_hookimpls())
             )
             provider = Provider(namespace, rec.distribution, rec.version, rec.module)
-            view = NamespacedRegistry(self.registry, provider)
-            before = {c.name for c in self.registry.all()}
+            # all or nothing: the hook's registrations are staged and committed when it returns,
+            # so a hook that raises half-way leaves no component of this plugin behind
+            view = NamespacedRegistry(self.registry, provider, staged=True)
             impl = getattr(module, "atlas_register", None)
             if impl is not None:
                 impl(registry=view)
-            rec.components = sorted({c.name for c in self.registry.all()} - before)
+            rec.components = sorted(c.name for c in view.commit())
             rec.status = "ok"
             self._modules[namespace] = module
         except BaseException as exc:  # noqa: BLE001
@@ -186,7 +253,8 @@ class PluginHost:
 
     # -- queries ------------------------------------------------------------------------------
     def failed(self) -> list[PluginRecord]:
-        return [r for r in self.records.values() if r.status == "failed"]
+        """The plugins that failed to load or were refused."""
+        return [r for r in self.records.values() if r.status in ("failed", "refused")]
 
     def cli_apps(self) -> list[tuple[str, Any, str]]:
         """(command name, typer app, namespace) from every plugin's `atlas_cli_apps` hook."""

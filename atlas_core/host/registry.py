@@ -19,7 +19,7 @@ import importlib
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -47,14 +47,37 @@ KNOWN_DISTRIBUTIONS = {
     "atlas_muon": "atlas-memory (bundled plugin)",
     "mru": "atlas-memory (bundled plugin)",
     "cuda": "atlas-memory (bundled plugin)",
+    "zoo": "atlas-memory (bundled plugin)",
     "miras": "atlas-miras (pip install ./packages/atlas-miras)",
 }
 
+# Namespaces owned by a distribution: only that distribution's entry point may provide them. An
+# entry point of another distribution with one of these names is refused (the owner keeps
+# working), so no package can replace the core or a bundled plugin by squatting its name.
+NAMESPACE_OWNERS = {
+    "core": "atlas-memory",
+    "titans": "atlas-memory",
+    "cuda": "atlas-memory",
+    "omega": "atlas-memory",
+    "atlas_muon": "atlas-memory",
+    "mru": "atlas-memory",
+    "zoo": "atlas-memory",
+    "miras": "atlas-miras",
+}
+
+
+def canonical_distribution(name: str) -> str:
+    """A distribution name as packaging compares them: ``Atlas_Memory`` -> ``atlas-memory``."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", str(name)).lower()
+
 
 class Params(BaseModel):
-    """Base class of component params: unknown keys are errors, values are immutable."""
+    """Base class of component params: unknown keys are errors, values are immutable, floats are
+    finite (``inf`` and ``nan`` are refused; sizes are bounded by `atlas_core.spec.bounds`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
@@ -273,8 +296,26 @@ class Registry:
         """Record that ``namespace``'s plugin is present but did not register (the host calls it)."""
         self.unavailable[namespace] = reason
 
+    def unavailable_note(self, name: str) -> str | None:
+        """Why ``name`` may be missing: its namespace's plugin failed to load, was refused or is
+        disabled (for a short name: every such namespace), pointing to `atlas plugins doctor`.
+        None when every plugin loaded."""
+        if not self.unavailable:
+            return None
+        ns = name.split(":", 1)[0] if ":" in name else None
+        if ns is not None:
+            why = self.unavailable.get(ns)
+            return f"namespace {ns!r} {why}" if why else None
+        parts = [f"{n!r} {why}" for n, why in sorted(self.unavailable.items())]
+        text = "; ".join(parts)
+        if "atlas plugins doctor" not in text:
+            text += "; see `atlas plugins doctor`"
+        return "it may come from a plugin that did not load: " + text
+
     # -- registration -------------------------------------------------------------------------
-    def add(self, component: Component) -> Component:
+    def check_new(self, component: Component, pending: Iterable[Component] = ()) -> None:
+        """Raise `PluginError` unless ``component`` may be added (its kind and name are valid and
+        neither the registry nor ``pending`` holds that name)."""
         if component.kind not in KINDS:
             raise PluginError(
                 f"{component.name}: unknown kind {component.kind!r}; kinds are {', '.join(KINDS)}"
@@ -282,16 +323,30 @@ class Registry:
         ns, sep, short = component.name.partition(":")
         if not sep or not ns or not short:
             raise PluginError(f"component name {component.name!r} must look like 'namespace:name'")
-        table = self._items[component.kind]
-        old = table.get(component.name)
+        old = self._items[component.kind].get(component.name)
+        if old is None:
+            old = next((c for c in pending if c.kind == component.kind and c.name == component.name), None)
         if old is not None:
             raise PluginError(
                 f"duplicate {component.kind} {component.name!r}: provided by "
                 f"{old.provider.distribution} ({old.provider.module}) and by "
                 f"{component.provider.distribution} ({component.provider.module})"
             )
-        table[component.name] = component
+
+    def add(self, component: Component) -> Component:
+        self.check_new(component)
+        self._items[component.kind][component.name] = component
         return component
+
+    def add_all(self, components: Iterable[Component]) -> list[Component]:
+        """Add every component or none: all are checked before the first is added."""
+        staged: list[Component] = []
+        for comp in components:
+            self.check_new(comp, staged)
+            staged.append(comp)
+        for comp in staged:
+            self._items[comp.kind][comp.name] = comp
+        return staged
 
     # -- lookup -------------------------------------------------------------------------------
     def names(self, kind: str) -> list[str]:
@@ -337,7 +392,7 @@ class Registry:
         installed = {c.namespace for k in KINDS for c in self._items[k].values()}
         if ns and ns not in installed:
             if ns in self.unavailable:
-                return f"namespace {ns!r} {self.unavailable[ns]}"
+                return self.unavailable_note(name) or ""
             dist = KNOWN_DISTRIBUTIONS.get(ns)
             if dist:
                 return f"namespace {ns!r} is not installed; it is provided by {dist}"
@@ -348,7 +403,8 @@ class Registry:
         other = [c for k in KINDS if k != kind for c in [self._items[k].get(name)] if c]
         if other:
             return f"{name!r} is a {other[0].kind}, not a {kind}"
-        return f"see `atlas components list {kind}`"
+        note = None if ns else self.unavailable_note(name)
+        return f"see `atlas components list {kind}`" + (f"; {note}" if note else "")
 
     # -- building -----------------------------------------------------------------------------
     def build(self, kind: str, value: Any, *, path: str = "", options: dict | None = None) -> Any:
@@ -385,10 +441,21 @@ class Registry:
 class NamespacedRegistry:
     """The view of the registry a plugin's `atlas_register` hook receives."""
 
-    def __init__(self, registry: Registry, provider: Provider) -> None:
+    def __init__(self, registry: Registry, provider: Provider, *, staged: bool = False) -> None:
         self._registry = registry
         self.provider = provider
         self.namespace = provider.namespace
+        #: with ``staged``, `add` only checks and collects; `commit` adds them all at once (the
+        #: host commits when the plugin's hook returns, so a hook that raises leaves nothing)
+        self.staged: list[Component] | None = [] if staged else None
+
+    def commit(self) -> list[Component]:
+        """Add the staged components to the registry, all or none; returns them."""
+        if self.staged is None:
+            return []
+        done = self._registry.add_all(self.staged)
+        self.staged = []
+        return done
 
     def _qualify(self, name: str) -> str:
         if ":" not in name:
@@ -424,6 +491,10 @@ class NamespacedRegistry:
             provider=self.provider,
             extra=dict(extra),
         )
+        if self.staged is not None:
+            self._registry.check_new(comp, self.staged)
+            self.staged.append(comp)
+            return comp
         return self._registry.add(comp)
 
     def add_preset(

@@ -169,7 +169,7 @@ def cases_for_target(target: str, host: Any = None) -> list[Case]:
         if not found:
             ns = target.split(":", 1)[0]
             rec = host.records.get(ns)
-            if rec is not None and rec.status == "failed":
+            if (rec is not None and rec.status == "failed") or (rec is None and ns in reg.unavailable):
                 return [Case(target)]
             if rec is None:
                 from atlas_core.host.registry import KNOWN_DISTRIBUTIONS
@@ -184,6 +184,8 @@ def cases_for_target(target: str, host: Any = None) -> list[Case]:
             raise TargetError(f"unknown component {target!r}; {hint}")
         return [case for comp in found for case in declared_cases(comp)]
     rec = host.records.get(target)
+    if rec is None and target in reg.unavailable:  # refused: the case reports why
+        return [Case(f"{target}:*", id=f"{target} (plugin)")]
     if rec is None:
         namespaces = sorted(host.records)
         hint = did_you_mean(target, namespaces) or f"installed namespaces: {', '.join(namespaces)}"

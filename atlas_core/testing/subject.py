@@ -148,6 +148,9 @@ class Subject:
             if rec is not None and rec.status == "failed":
                 return (f"plugin {ns!r} ({rec.distribution} {rec.version}, {rec.module}) failed to "
                         f"load: {rec.error}")
+            why = host.registry.unavailable.get(ns)
+            if rec is None and why:  # refused: claimed by two distributions, or by a squatter
+                return f"namespace {ns!r} {why}"
         return None
 
     def require(self) -> None:
