@@ -128,8 +128,9 @@ def resolve_task(value: Any, path: str = "task", registry=None) -> dict[str, Any
     try:
         comp = registry.get("task", name, where)
     except UnknownComponentError:
-        names = registry.names("task")
-        raise SpecError([Issue(where, "unknown task", name, _task_hint(name, names))]) from None
+        names, note = registry.names("task"), registry.unavailable_note(name)
+        hint = _task_hint(name, names) + (f"; {note}" if note else "")
+        raise SpecError([Issue(where, "unknown task", name, hint)]) from None
     try:
         comp.validate(raw, path)
     except SpecError as exc:  # pydantic's "Value error, " prefix says nothing to a user
