@@ -55,3 +55,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+# Hugging Face: AutoConfig / AutoModelForCausalLM learn the atlas classes when transformers'
+# auto modules load; transformers itself is never imported here (atlas_core/hf/hook.py).
+from .hf.hook import install as _install_hf  # noqa: E402  (standard library only)
+
+_install_hf()

@@ -1,0 +1,74 @@
+"""`AtlasMemoryCache`: the decoding state of an atlas model, as a Hugging Face ``generate`` cache.
+
+It wraps the state that the model's own ``step(ids, state)`` carries (`atlas_core.model.MemoryLM`),
+unchanged, so Hugging Face decoding runs exactly the calls of ``MemoryLM.generate``: the prompt in
+one call, then one token per call. Per block, that state is:
+
+- the memory layer's state: the memory itself (the structure's weights, e.g. ``W`` of a linear
+  memory or each MLP layer of a deep one), the optimiser's carried terms (momentum), the
+  convolution tail and the position within the anchor block (``core:lm``, MAG, MAL, MAC);
+- for the attention of MAG and MAL (and their attention-only blocks): the keys/values of the
+  persistent prefix and of the last ``window - 1`` tokens, and the position;
+- for MAC: the committed memory, the persistent keys/values and the open segment's buffer;
+- for MRU-LM: each block's matrix state ``H``.
+
+Its size does not grow with the sequence (the attention caches are bounded by the window).
+The cache belongs to one batch: it cannot be cropped, reordered for beam search or shared.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+
+class AtlasMemoryCache:
+    """The carried state of one batch; ``seen_tokens`` counts the positions already consumed."""
+
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.seen_tokens = 0
+
+    def get_seq_length(self, layer_idx: int | None = 0) -> int:
+        return self.seen_tokens
+
+    def update(self, state: Any, new_tokens: int) -> None:
+        self.state = state
+        self.seen_tokens += int(new_tokens)
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor of the state with its path, e.g. ``blocks.0.memory.W``."""
+
+        def walk(node: Any, path: str):
+            if isinstance(node, torch.Tensor):
+                yield path, node
+            elif isinstance(node, dict):
+                for key, value in node.items():
+                    yield from walk(value, f"{path}.{key}" if path else str(key))
+            elif isinstance(node, (list, tuple)):
+                for i, value in enumerate(node):
+                    yield from walk(value, f"{path}.{i}" if path else str(i))
+
+        yield from walk(self.state, "")
+
+    def nbytes(self) -> int:
+        seen, total = set(), 0
+        for _, t in self.tensors():
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+        return total
+
+    def crop(self, max_length: int) -> None:
+        raise NotImplementedError("an atlas memory state cannot be rolled back to an earlier position")
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        raise NotImplementedError("beam search is not supported: the memory state is not reordered")
+
+    def __repr__(self) -> str:
+        n = sum(1 for _ in self.tensors())
+        return f"AtlasMemoryCache(seen_tokens={self.seen_tokens}, tensors={n}, bytes={self.nbytes()})"

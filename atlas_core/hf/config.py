@@ -1,0 +1,80 @@
+"""`AtlasConfig`: the Hugging Face config of an atlas model.
+
+It holds the resolved spec (``atlas_spec``, the plain-data form of `atlas_core.spec.Spec`, enough
+to rebuild the model exactly) and, for a model trained on text, how text maps to ids
+(``text_codec``: ``{"mode": "byte"}`` or ``{"mode": "char", "vocab": [...]}``, see
+`atlas_core.train.codec`). ``vocab_size`` and ``tie_word_embeddings`` mirror the spec so that
+generic Hugging Face code reads them where it expects them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.configuration_utils import PreTrainedConfig
+
+MODEL_TYPE = "atlas_memory"
+
+
+class AtlasConfig(PreTrainedConfig):
+    model_type = MODEL_TYPE
+
+    atlas_spec: dict[str, Any] | None = None
+    atlas_spec_hash: str | None = None
+    text_codec: dict[str, Any] | None = None
+    vocab_size: int | None = None
+    tie_word_embeddings: bool = False
+    use_cache: bool = True
+
+    def __post_init__(self, **kwargs):
+        if self.atlas_spec is not None:
+            spec = self.spec()  # validates, and fills the mirrored fields
+            self.atlas_spec = spec.to_dict()
+            self.atlas_spec_hash = spec.spec_hash
+            self.vocab_size = int(spec.model.get("vocab_size", 0)) or self.vocab_size
+            self.tie_word_embeddings = bool(spec.model.get("tie_embeddings", self.tie_word_embeddings))
+        if self.text_codec is not None:
+            self.codec()  # a malformed entry is refused here, not when decoding
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_spec(cls, spec: Any, *, text_codec: Any = None, **kwargs) -> "AtlasConfig":
+        """The config of ``spec`` (a path, TOML text, dict or resolved `Spec`); ``text_codec`` a
+        `TextCodec` or its dict form."""
+        from atlas_core.spec import load_spec
+
+        resolved = load_spec(spec)
+        if text_codec is not None and not isinstance(text_codec, dict):
+            text_codec = {"mode": text_codec.mode,
+                          **({"vocab": list(text_codec.vocab)} if text_codec.vocab is not None else {})}
+        return cls(atlas_spec=resolved.to_dict(), text_codec=text_codec, **kwargs)
+
+    def spec(self):
+        """The resolved `Spec` (validated by the installed components)."""
+        from atlas_core.errors import SpecError
+        from atlas_core.spec import load_spec
+
+        if self.atlas_spec is None:
+            raise ValueError("this AtlasConfig holds no spec (atlas_spec is None); build it with "
+                             "AtlasConfig.from_spec(spec) or load an exported directory")
+        try:
+            spec = load_spec(self.atlas_spec)
+        except SpecError as exc:
+            raise ValueError(f"config atlas_spec does not load here: {exc}") from None
+        if self.atlas_spec_hash is not None and spec.spec_hash != self.atlas_spec_hash:
+            raise ValueError(
+                f"config atlas_spec resolves to spec_hash {spec.spec_hash}, the config says "
+                f"{self.atlas_spec_hash} (the installed components fill other defaults, or the "
+                "file was edited); install the plugin versions it was exported with")
+        return spec
+
+    def codec(self):
+        """The `TextCodec` (encode a prompt, decode ids), or None for a model without text."""
+        from atlas_core.train.codec import TextCodec
+
+        if self.text_codec is None:
+            return None
+        try:
+            return TextCodec.from_task_meta({"text": self.text_codec})
+        except ValueError as exc:
+            raise ValueError(f"config text_codec: {exc}") from None

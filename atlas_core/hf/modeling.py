@@ -1,0 +1,161 @@
+"""`AtlasForCausalLM`: any architecture built from a spec, as a Hugging Face causal LM.
+
+The wrapped model is ``self.model``, the `atlas_core.model.MemoryLM` that
+``atlas_core.build_model(config.spec())`` returns, so the weights are the native state dict under
+``model.``. ``forward`` gives the native logits; with ``use_cache`` (which ``generate`` passes) it
+runs the native ``step`` and carries the state in an `AtlasMemoryCache`. ``generate`` feeds the
+prompt once, then one token per step (`prepare_inputs_for_generation` passes only the ids the
+cache has not consumed), exactly as ``MemoryLM.generate`` does.
+
+Supported decoding: greedy and sampling (with any logits processors), batches of prompts of one
+length. Not supported: padding (a zero in ``attention_mask``: the memory would absorb the pad
+tokens), ``inputs_embeds``, beam search and assisted decoding (the state cannot be reordered or
+rolled back).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.generation import GenerationMixin
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import PreTrainedModel
+
+from .cache import AtlasMemoryCache
+from .config import AtlasConfig
+
+
+def _ties(module: torch.nn.Module) -> dict[str, str]:
+    """``{name: first name}`` for every parameter shared under several names (e.g. a head tied to
+    the embedding), with the ``model.`` prefix of the wrapper."""
+    first: dict[int, str] = {}
+    ties = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            ties[f"model.{name}"] = f"model.{first[id(p)]}"
+        else:
+            first[id(p)] = name
+    return ties
+
+
+class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = AtlasConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _is_stateful = True
+    _supported_generation_modes = (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
+    _no_split_modules: list[str] = []
+
+    def __init__(self, config: AtlasConfig, native: torch.nn.Module | None = None) -> None:
+        super().__init__(config)
+        if native is None:
+            from atlas_core.model import build_model
+
+            native = build_model(config.spec())
+        self.model = native
+        ties = _ties(native)
+        # The native model ties its own weights when it is built; declaring the ties lets
+        # save_pretrained store a shared tensor once and from_pretrained restore the sharing.
+        self._tied_weights_keys = ties
+        self.config.tie_word_embeddings = bool(ties)
+        self.post_init()
+
+    # -- construction ------------------------------------------------------------------------------
+    @classmethod
+    def get_init_context(cls, *args, **kwargs):
+        """Hugging Face builds models on the meta device before loading the weights; atlas models
+        compute some buffers in ``__init__`` (not saved with the weights), so they are built for
+        real (the weights are then overwritten by the loaded ones)."""
+        contexts = super().get_init_context(*args, **kwargs)
+        return [c for c in contexts if not (isinstance(c, torch.device) and c.type == "meta")]
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        """Nothing: every atlas module initialises itself when it is built (the generic
+        Hugging Face initialisation would overwrite gate biases, persistent tokens, ...)."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the cache is an AtlasMemoryCache, made by forward
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.embed
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.model.head
+
+    # -- running -----------------------------------------------------------------------------------
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: AtlasMemoryCache | None = None,
+        use_cache: bool | None = None,
+        labels: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        """``input_ids [B, T] -> logits [B, T, vocab]``. With ``use_cache`` (default: when a cache
+        is given) the ids continue the sequence the cache holds, and the returned
+        ``past_key_values`` (the same cache object, updated) holds the state after them.
+        ``labels``: the HF convention (``labels = input_ids`` trains next-token prediction;
+        -100 is ignored)."""
+        if inputs_embeds is not None:
+            raise ValueError("inputs_embeds is not supported: pass input_ids (the memory layers "
+                             "read the model's own embedding)")
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise ValueError(
+                "attention_mask has zeros (padding), which atlas models do not support: the memory "
+                "state would absorb the pad tokens; generate prompts of different lengths one at a "
+                "time (or in groups of equal length)")
+        if past_key_values is not None and not isinstance(past_key_values, AtlasMemoryCache):
+            raise TypeError(f"past_key_values must be an AtlasMemoryCache (from an earlier call of "
+                            f"this model), not {type(past_key_values).__name__}")
+        if use_cache is None:
+            use_cache = past_key_values is not None
+        cache = None
+        if use_cache:
+            cache = past_key_values if past_key_values is not None else AtlasMemoryCache()
+            logits, state = self.model.step(input_ids, cache.state)
+            cache.update(state, input_ids.shape[1])
+        else:
+            if past_key_values is not None:
+                raise ValueError("use_cache=False with a past_key_values cache: the ids would "
+                                 "restart the sequence; drop the cache or set use_cache=True")
+            logits = self.model(input_ids)
+        loss = None
+        if labels is not None:
+            shifted = logits[:, :-1].flatten(0, 1).float()
+            loss = F.cross_entropy(shifted, labels[:, 1:].flatten().to(shifted.device), ignore_index=-100)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return out if return_dict is not False else out.to_tuple()
+
+    def prepare_inputs_for_generation(
+        self,
+        input_ids: torch.LongTensor,
+        past_key_values: AtlasMemoryCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = True,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """Only the ids the cache has not consumed: the whole prompt first, then one token."""
+        if inputs_embeds is not None:
+            raise ValueError("generate(inputs_embeds=...) is not supported: pass input_ids")
+        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache is False:
+            seen = 0
+        inputs = {
+            "input_ids": input_ids[:, seen:].contiguous(),
+            "past_key_values": past_key_values,
+            "attention_mask": attention_mask,
+            "use_cache": use_cache,
+        }
+        if inputs["input_ids"].device != self.device and self.device.type != "meta":
+            inputs["input_ids"] = inputs["input_ids"].to(self.device)
+        return inputs
