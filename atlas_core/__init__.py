@@ -6,6 +6,8 @@ The public surface (docs/architecture.md)::
     rule = ac.build_rule({"structure": "core:linear", "bias": "core:l2", ...})
     y, state = rule(q, k, v, gates={...}, state=None, strategy="core:sequential")
     model = ac.build_model("examples/titans_lmm.toml")
+    run = ac.train("examples/mqar_default.toml", steps=200, **{"model.d_model": 32})
+    model = ac.load(run.run_dir)          # the trained model, eval mode (atlas_core.api)
 
 Attributes are imported on first use so that ``import atlas_core`` (and listing plugins) stays
 cheap: torch is only imported when a rule or model is built.
@@ -38,6 +40,10 @@ _LAZY = {
     "Params": "atlas_core.host.registry:Params",
     "SpecError": "atlas_core.errors:SpecError",
     "AtlasError": "atlas_core.errors:AtlasError",
+    # atlas_core.train is a package whose module object is callable as atlas_core.api.train
+    "train": "atlas_core.train",
+    "load": "atlas_core.api:load",
+    "Run": "atlas_core.api:Run",
 }
 
 __all__ = ["__version__", "hookimpl", *_LAZY]
@@ -48,7 +54,9 @@ def __getattr__(name: str) -> Any:
     if ref is None:
         raise AttributeError(f"module 'atlas_core' has no attribute {name!r}")
     module, _, attr = ref.partition(":")
-    value = getattr(importlib.import_module(module), attr)
+    value = importlib.import_module(module)
+    if attr:
+        value = getattr(value, attr)
     globals()[name] = value
     return value
 

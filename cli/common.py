@@ -10,6 +10,17 @@ For authors of a command group (one module under ``cli/`` with a ``register(app)
 
 Exit codes: 0 ok, 1 a check or validation failed (`Failed`, or a known error), 2 usage error
 (typer's own, or ``typer.BadParameter``).
+
+Errors under ``--format json`` (the global option or the command's own) are one JSON object on
+stdout, with the same exit code (`error_payload`)::
+
+    {"error": {"type": "SpecError", "message": "...", "exit_code": 1,
+               "problems": [{"path": "model.d_model", "message": "...", "got": "abc",
+                             "fix": "..."}]}}
+
+``problems`` lists a spec error's problems (one per dotted path; ``line``/``column`` for a TOML
+syntax error) and is empty for other errors. A bug (an unexpected exception) is reported the same
+way with ``"type": "InternalError"`` and its traceback on stderr.
 """
 
 from __future__ import annotations
@@ -106,14 +117,76 @@ def error_line(exc: BaseException) -> str:
     return f"error: {text}"
 
 
-def report(exc: BaseException) -> None:
-    """Print a known error on stderr, without a traceback."""
+def _plain(value: Any) -> Any:
+    """A value as JSON data (what is not JSON becomes its repr)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return repr(value)
+
+
+def error_payload(exc: BaseException, exit_code: int = 1, kind: str | None = None) -> dict[str, Any]:
+    """``{"error": {type, message, exit_code, problems}}`` for an error (module docstring)."""
+    import click
+
+    from atlas_core.errors import SpecError
+
+    problems: list[dict[str, Any]] = []
+    if isinstance(exc, SpecError):
+        for issue in exc.issues:
+            problems.append({"path": issue.path, "message": issue.message,
+                             "got": _plain(issue.value), "fix": issue.hint})
+        line = getattr(exc, "line", None)
+        if line is not None and problems:
+            problems[0].update(line=line, column=getattr(exc, "column", None))
+    if isinstance(exc, click.ClickException):
+        message = exc.format_message()
+    elif kind == "InternalError":
+        message = f"{type(exc).__name__}: {exc} (a bug; the traceback is on stderr)"
+    else:
+        message = str(exc) or type(exc).__name__
+    return {"error": {"type": kind or type(exc).__name__, "message": message,
+                      "exit_code": exit_code, "problems": problems}}
+
+
+def emit_error(exc: BaseException, exit_code: int = 1, kind: str | None = None) -> None:
+    """Print an error as JSON on stdout (`error_payload`)."""
+    sys.stdout.write(json.dumps(error_payload(exc, exit_code, kind), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def report(exc: BaseException, fmt: OutputFormat | str | None = None, exit_code: int = 1) -> None:
+    """Print a known error without a traceback: one line on stderr, or JSON on stdout under
+    ``--format json``."""
+    if resolve_format(fmt) is OutputFormat.json:
+        emit_error(exc, exit_code)
+        return
     sys.stderr.write(error_line(exc) + "\n")
     sys.stderr.flush()
 
 
+def wants_json(args: list[str] | tuple[str, ...] = ()) -> bool:
+    """Whether errors go out as JSON: the global ``--format json`` is in effect, or ``args``
+    (command-line words not parsed yet) ask for it."""
+    if _state["format"] is OutputFormat.json:
+        return True
+    words = [str(a) for a in args]
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word.lower() == "--format=json":
+            return True
+        if word == "--format" and i + 1 < len(words) and words[i + 1].lower() == "json":
+            return True
+    return False
+
+
 def guard(fn: Callable) -> Callable:
-    """Turn known errors into one line on stderr and exit code 1 (traceback with ATLAS_DEBUG=1)."""
+    """Turn known errors into one line on stderr (JSON on stdout under ``--format json``) and
+    exit code 1 (traceback with ATLAS_DEBUG=1)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -124,10 +197,49 @@ def guard(fn: Callable) -> Callable:
         except Exception as exc:  # noqa: BLE001 - sorted into known and unknown below
             if debug() or not known_error(exc):
                 raise
-            report(exc)
+            report(exc, kwargs.get("fmt"))
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _json_errors_group():
+    """The click group class of `AtlasTyper`: under ``--format json`` every error that reaches
+    it (a usage error, a known error of a plugin command, a bug) is printed as JSON on stdout
+    with its exit code; otherwise errors pass through unchanged."""
+    import click
+    from typer.core import TyperGroup
+
+    class JsonErrorsGroup(TyperGroup):
+        def make_context(self, info_name, args, parent=None, **extra):
+            words = list(args)
+            ctx = super().make_context(info_name, words, parent=parent, **extra)
+            ctx.meta.setdefault("atlas.argv", words)
+            return ctx
+
+        def invoke(self, ctx):
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.exceptions.Abort):
+                raise
+            except click.ClickException as exc:
+                if not wants_json(ctx.meta.get("atlas.argv", ())):
+                    raise
+                emit_error(exc, exc.exit_code)
+                raise click.exceptions.Exit(exc.exit_code) from None
+            except Exception as exc:  # noqa: BLE001 - JSON mode: a JSON error, never a traceback alone
+                if debug() or not wants_json(ctx.meta.get("atlas.argv", ())):
+                    raise
+                if known_error(exc):
+                    emit_error(exc, 1)
+                else:
+                    import traceback
+
+                    traceback.print_exc(file=sys.stderr)
+                    emit_error(exc, 1, kind="InternalError")
+                raise click.exceptions.Exit(1) from None
+
+    return JsonErrorsGroup
 
 
 class AtlasTyper(typer.Typer):
@@ -136,6 +248,7 @@ class AtlasTyper(typer.Typer):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("no_args_is_help", True)
         kwargs.setdefault("pretty_exceptions_enable", False)
+        kwargs.setdefault("cls", _json_errors_group())
         super().__init__(*args, **kwargs)
 
     def command(self, *args, **kwargs):

@@ -1,6 +1,10 @@
-"""``atlas train [SPEC]``: train a spec's model on its ``[train]`` task.
+"""``atlas train [SPEC] [KEY.PATH=VALUE]...``: train a spec's model on its ``[train]`` task.
 
-Without SPEC the embedded default (a small delta-rule model on MQAR) is trained. Progress (step,
+Without SPEC the embedded default (a small delta-rule model on MQAR) is trained. Overrides
+(``model.d_model=64 train.lr=1e-3``) and the common flags (``--steps``, ``--lr``, ``--batch-size``,
+``--seq-len``, ``--seed``, ``--device``) change the spec before it is validated
+(`atlas_core.spec.overrides`) and are saved in the run's resolved ``spec.toml``. The command runs
+`atlas_core.api.train`, the Python API, and prints its result. Progress (step,
 loss, tokens/s, ETA) goes to stderr; the final accuracy to stdout (JSON with ``--format json``).
 The run directory holds ``metrics.jsonl``, ``curve.png``, the resolved ``spec.toml`` and
 ``checkpoints/``. Ctrl-C saves a checkpoint and exits with code 130; ``--resume`` continues.
@@ -14,7 +18,16 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .common import FormatOption, emit, examples, out_console
+from .common import FormatOption, emit, examples, out_console, report
+from .overrides import (
+    OVERRIDES_HELP, BatchSizeOption, LrOption, SeedOption, SeqLenOption, StepsOption, overrides_of,
+    split_words,
+)
+
+
+class Shard(str, Enum):
+    ddp = "ddp"
+    fsdp = "fsdp"
 
 
 class Device(str, Enum):
@@ -35,33 +48,39 @@ def human(r: dict[str, Any]) -> None:
 
 
 def train(
-    spec: Annotated[Optional[str], typer.Argument(
-        help="a spec file (.toml); default: the embedded MQAR spec (or, with --resume, the "
-             "checkpoint's spec)", show_default=False)] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="total optimizer steps (overrides train.steps)")] = None,
+    words: Annotated[Optional[list[str]], typer.Argument(
+        metavar="[SPEC] [KEY.PATH=VALUE]...",
+        help="a spec file (.toml; default: the embedded MQAR spec, or, with --resume, the "
+             "checkpoint's spec), then " + OVERRIDES_HELP, show_default=False)] = None,
+    steps: StepsOption = None,
+    lr: LrOption = None,
+    batch_size: BatchSizeOption = None,
+    seq_len: SeqLenOption = None,
+    seed: SeedOption = None,
+    device: Annotated[Optional[Device], typer.Option("--device", help="auto, cpu or cuda (= train.device=...)", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="run directory (default: runs/<spec name>, the first free one)")] = None,
     resume: Annotated[Optional[str], typer.Option("--resume", help="continue from a checkpoint or run directory")] = None,
-    device: Annotated[Optional[Device], typer.Option("--device", help="auto, cpu or cuda (overrides train.device)")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="overrides train.seed")] = None,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="data-parallel processes (gloo on CPU, NCCL on CUDA)")] = 1,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="show the progress bar on stderr")] = True,
     fmt: FormatOption = None,
 ) -> None:
     """Train a model on its spec's task (default: a small MQAR run) and print its accuracy."""
-    from atlas_core.train.setup import TrainOptions
+    from atlas_core.api import train as api_train
     from atlas_core.train.trainer import TrainingInterrupted
-    from atlas_core.train.trainer import train as run_training
 
-    opts = TrainOptions(spec=spec, out=out, resume=resume, steps=steps, seed=seed,
-                        device=device.value if device else None, progress=progress)
+    files, texts = split_words(words, at_most=1)
+    overrides = overrides_of(texts, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
+                             seed=seed, device=device.value if device else None)
     try:
-        result = run_training(opts, nproc=nproc)
+        run = api_train(files[0] if files else None, out=out, resume=resume, nproc=nproc,
+                        progress=progress, overrides=overrides)
     except TrainingInterrupted as exc:
-        sys.stderr.write(f"{exc}\n")
+        report(exc, fmt, exit_code=130)
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
         sys.stderr.write("stopped by a second Ctrl-C without saving; the last checkpoint is untouched\n")
         raise typer.Exit(130) from None
+    result = run.result
     if result.get("rank", 0) == 0:  # under torchrun every rank runs this command; one reports
         emit(result, fmt, human)
 
@@ -72,7 +91,9 @@ def register(app: typer.Typer) -> None:
         epilog=examples(
             "atlas train",
             "atlas train examples/mqar_default.toml --steps 2000 --out runs/mqar",
+            "atlas train examples/titans_lmm.toml model.d_model=64 train.lr=1e-3 --steps 5",
             "atlas train --resume runs/mqar --steps 4000",
             "atlas train examples/mqar_default.toml --nproc 2",
+            "atlas train examples/mqar_default.toml --nproc 2 --shard fsdp",
         ),
     )(train)

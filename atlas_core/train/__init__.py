@@ -16,3 +16,19 @@
 
 Nothing is imported here: ``import atlas_core.train`` stays cheap (no torch).
 """
+
+import sys as _sys
+import types as _types
+
+
+class _CallableModule(_types.ModuleType):
+    """``atlas_core.train(spec, **overrides)`` is `atlas_core.api.train`: this package and the
+    function share the name, so calling the package calls the function."""
+
+    def __call__(self, *args, **kwargs):
+        from ..api import train
+
+        return train(*args, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallableModule
