@@ -1,18 +1,31 @@
-"""Data-parallel training through ``torch.distributed``: N processes, one model replica each.
+"""Data-parallel training through ``torch.distributed``: N processes, one model (or shard) each.
 
 Every rank draws the same *global* batch from the same seeded generator and keeps its own slice of
 rows (rank r takes rows ``r * B / N .. (r + 1) * B / N``), so the data of an N-process run is the
 data of a 1-process run with the same ``batch_size``. The loss of a rank is its summed
-cross-entropy divided by the *global* number of counted targets, and the gradients are summed
-across ranks (one all-reduce of a flat buffer per step): the update is the 1-process update up to
-the order of floating-point sums. Gradient clipping and AdamW then run identically on every rank.
-(This is what DistributedDataParallel does with bucketed, overlapped all-reduces; the explicit
-form keeps the equivalence visible and costs nothing at the sizes that train on a CPU.)
+cross-entropy divided by the *global* number of counted targets; the engine averages gradients over
+the N ranks, so the trainer back-propagates N times that loss and the averaged gradient is the
+1-process gradient up to the order of floating-point sums. Gradient clipping and AdamW then run
+identically on every rank (on every shard with FSDP).
+
+Engines (`wrap`, chosen with ``atlas train --shard``):
+
+- ``ddp`` (default): `torch.nn.parallel.DistributedDataParallel`; every rank holds the whole model
+  and optimiser state, gradients are all-reduced in buckets overlapped with the backward;
+- ``fsdp``: FSDP2 (`torch.distributed.fsdp.fully_shard`) on every block and on the root: each rank
+  holds 1/N of every parameter, gradient and optimiser state, parameters are all-gathered around
+  each block's forward and backward and gradients reduce-scattered. A checkpoint is always the
+  full, unsharded model (`full_state`: gathered on every rank, written by rank 0), so it loads in
+  one process; resuming under FSDP shards the loaded state again (`shard_optimizer_state`).
 
 Launch: `spawn` starts N local processes (``torch.multiprocessing``, start method "spawn") that
 rendezvous over TCP on 127.0.0.1; under ``torchrun`` the environment (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``) is used instead (`from_env`). Backend: gloo on the CPU, NCCL on
 CUDA (one GPU per rank, ``LOCAL_RANK``). Only rank 0 writes checkpoints, logs and plots.
+
+Teardown (`shutdown`): on the normal path every rank meets at a barrier (no rank still talks to
+another), then destroys the process group; on an error or Ctrl-C path the group is destroyed
+without a barrier (a peer may be stuck in another collective and must not be waited for).
 """
 
 from __future__ import annotations
@@ -77,12 +90,31 @@ def init(info: DistInfo, device: str, init_method: str = "env://") -> None:
     )
 
 
-def shutdown() -> None:
-    if dist.is_initialized():
+def shutdown(clean: bool = True) -> None:
+    """Leave the process group. ``clean``: the normal exit, where every rank reaches this call,
+    so a barrier first makes sure no rank still exchanges data with another; on an error path
+    (``clean=False``) the group is destroyed at once."""
+    if not dist.is_initialized():
+        return
+    try:
+        if clean and dist.get_world_size() > 1:
+            dist.barrier()
+    finally:
         dist.destroy_process_group()
 
 
-# -- collectives used by the trainer ---------------------------------------------------------------
+SHARD_MODES = ("ddp", "fsdp")
+
+
+def check_shard(mode: str, world: int) -> None:
+    """Refuse an engine name this module does not know, or FSDP with a single process."""
+    if mode not in SHARD_MODES:
+        raise ValueError(f"--shard {mode!r} is not an engine; use one of {', '.join(SHARD_MODES)}")
+    if mode == "fsdp" and world < 2:
+        raise ValueError("--shard fsdp splits the model over processes and this run has one; "
+                         "add --nproc N (N >= 2) or launch it with torchrun --nproc_per_node N")
+
+
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum ``t`` over ranks, in place (returned for chaining); identity for one process."""
     if info.active:
@@ -90,30 +122,100 @@ def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return t
 
 
-def all_reduce_grads(params: list[torch.nn.Parameter], info: DistInfo) -> None:
-    """Sum the gradients of ``params`` over ranks with one flat all-reduce."""
+# -- engines ---------------------------------------------------------------------------------------
+def wrap(model: torch.nn.Module, info: DistInfo, mode: str, device: str) -> torch.nn.Module:
+    """The module the training step calls: ``model`` itself for one process, else DDP around it
+    (rank 0's parameters are broadcast to every rank) or, with ``mode = "fsdp"``, ``model`` sharded
+    in place by FSDP2 (each block, then the root; ``step`` is registered so that decoding through
+    `MemoryLM.generate` gathers the parameters as ``forward`` does)."""
     if not info.active:
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset : offset + n].view_as(g))
-        offset += n
+        return model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [torch.device(device).index or 0] if device.startswith("cuda") else None
+        return DistributedDataParallel(model, device_ids=ids)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    broadcast_module(model)  # the same initial weights on every rank before each takes its shard
+    mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (info.world,))
+    for block in getattr(model, "blocks", ()):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if hasattr(model, "step"):
+        register_fsdp_forward_method(model, "step")
+    return model
 
 
-def broadcast_model(model: torch.nn.Module, info: DistInfo) -> None:
-    """Rank 0's parameters and buffers on every rank (the same seed already agrees; this makes
-    it true whatever the initialiser does)."""
-    if not info.active:
-        return
+def broadcast_module(model: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank."""
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(t.data, src=0)
+
+
+def full_value(t: Any) -> Any:
+    """A plain tensor for a (possibly sharded) tensor: collective under FSDP, every rank calls."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class _FullModel:
+    """What `save_checkpoint` needs of a model: ``state_dict()``, here the full one."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.tensors = tensors
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+
+class _FullOptimizer:
+    """An optimiser seen through its full (gathered) state: ``param_groups`` and ``state_dict``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.param_groups = optimizer.param_groups
+        sd = optimizer.state_dict()
+        sd["state"] = {i: {k: full_value(v) for k, v in st.items()} for i, st in sd["state"].items()}
+        self._sd = sd
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._sd
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: str, info: DistInfo):
+    """``(model view, optimiser view)`` holding the full, unsharded state for a checkpoint.
+
+    DDP and a single process: the objects themselves (every rank holds everything). FSDP: every
+    rank must call (the shards are all-gathered); rank 0's views hold the full tensors on the CPU
+    with the names of the unwrapped model, the other ranks' views are for the collective only."""
+    if not info.active or mode != "fsdp":
+        return model, optimizer
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    tensors = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    plain = {name: tensors[name] for name in model.state_dict()} if info.is_main else {}
+    return _FullModel(plain), _FullOptimizer(optimizer)
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """After loading a full (checkpoint) optimiser state into an optimiser over FSDP parameters:
+    replace each full state tensor by this rank's shard, laid out as its parameter."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            st = optimizer.state.get(param)
+            if not st or not isinstance(param, DTensor):
+                continue
+            for key, value in list(st.items()):
+                if (isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
+                        and tuple(value.shape) == tuple(param.shape)):
+                    st[key] = distribute_tensor(value.to(param.device), param.device_mesh,
+                                                param.placements)
 
 
 def any_rank(flag: bool, info: DistInfo, device: str) -> bool:
@@ -158,7 +260,7 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int,
         if isinstance(exc, TrainingInterrupted):
             kind, value = "interrupted", (exc.step, str(exc.checkpoint) if exc.checkpoint else None)
     finally:
-        shutdown()
+        shutdown(clean=kind in ("ok", "interrupted"))
     results.put((rank, kind, value))
 
 

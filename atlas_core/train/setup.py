@@ -56,6 +56,8 @@ class TrainOptions:
     seed: int | None = None
     device: str | None = None
     progress: bool = True
+    shard: str = "ddp"  # the data-parallel engine: "ddp" or "fsdp" (atlas_core.train.distributed)
+    context_parallel: int = 1  # ranks that split each sequence along time (atlas_core.distributed)
     run_dir_checked: bool = False  # set by the launcher once the directory was chosen
 
 

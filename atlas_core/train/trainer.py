@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from ..errors import AtlasError
 from .checkpoint import latest_checkpoint, recover_checkpoints, save_checkpoint
 from .distributed import (
-    SINGLE, DistInfo, all_reduce_grads, all_reduce_sum, any_rank, broadcast_model, shard,
+    SINGLE, DistInfo, all_reduce_sum, any_rank, full_state, full_value, shard,
+    shard_optimizer_state, wrap,
 )
 from .evaluate import build_task, evaluate, held_out, task_meta, task_table
 from .metrics import CURVE_FILE, METRICS_FILE, MetricsLog, plot_curves, read_metrics
@@ -75,8 +76,10 @@ class Trainer:
     to stop a run where they want, through the same path as Ctrl-C: `request_stop`)."""
 
     def __init__(self, plan: Plan, dist: DistInfo = SINGLE,
-                 on_step: Callable[["Trainer"], None] | None = None, progress: bool = True) -> None:
+                 on_step: Callable[["Trainer"], None] | None = None, progress: bool = True,
+                 shard: str = "ddp") -> None:
         self.plan, self.dist, self.on_step = plan, dist, on_step
+        self.shard = shard  # the data-parallel engine with N processes: "ddp" or "fsdp"
         self.show_progress = progress and dist.is_main
         self.p = plan.train
         self.device = plan.device
@@ -100,6 +103,7 @@ class Trainer:
         self.eval_task = held_out(self.task)
         torch.manual_seed(p.seed)  # the model's initial weights
         self.model = build_model(spec).to(self.device)
+        self.forward = self.model  # what a training step calls (the engine with N processes)
         self.params = [q for _, q in named_unique_parameters(self.model)]
         self.optimizer = build_optimizer(self.model, p)
         self.data_gen = torch.Generator().manual_seed(p.seed)
@@ -117,7 +121,23 @@ class Trainer:
             self.tokens_seen = int(ckpt.meta.get("tokens_seen", 0))
             self.elapsed_before = float(ckpt.meta.get("elapsed_s", 0.0))
             self.last_eval = ckpt.meta.get("last_eval")
-        broadcast_model(self.model, self.dist)
+        self._engine(ckpt)
+
+    def _engine(self, ckpt) -> None:
+        """With N processes, the engine around the model (`distributed.wrap`: DDP or FSDP2).
+        FSDP replaces the parameters by their shards, so the optimiser is built again over them
+        (and a resumed optimiser state is loaded again, then sharded)."""
+        if not self.dist.active:
+            return
+        engine = wrap(self.model, self.dist, self.shard, self.device)
+        self.forward = engine
+        if self.shard == "fsdp":
+            self.params = [q for _, q in named_unique_parameters(self.model)]
+            self.optimizer = build_optimizer(self.model, self.p)
+            if ckpt is not None:
+                tensors, rest = ckpt.optimizer_state()
+                load_optimizer_tensors(self.model, self.optimizer, tensors, rest)
+                shard_optimizer_state(self.optimizer)
 
     @property
     def n_params(self) -> int:
@@ -131,7 +151,7 @@ class Trainer:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """One optimizer step on this rank's rows; returns global loss / accuracy / grad norm."""
         self.model.train()
-        logits = self.model(inputs).float()  # [b, T, V]
+        logits = self.forward(inputs).float()  # [b, T, V]
         keep = targets != IGNORE_INDEX
         ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                              ignore_index=IGNORE_INDEX, reduction="sum")
@@ -140,14 +160,14 @@ class Trainer:
         total = counts[0].clamp_min(1.0)
         loss = ce / total.to(ce.dtype)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        all_reduce_grads(self.params, self.dist)
+        # DDP and FSDP average the gradients over ranks: N times the loss makes that the sum
+        (loss * self.dist.world if self.dist.active else loss).backward()
         clip = self.p.grad_clip if self.p.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         self.optimizer.step()
         report = all_reduce_sum(loss.detach().double().reshape(1), self.dist)
         return {"loss": float(report.item()), "accuracy": float(counts[1] / total),
-                "grad_norm": float(grad_norm)}
+                "grad_norm": float(full_value(grad_norm))}
 
     # -- checkpoints --------------------------------------------------------------------------
     def rng_state(self) -> dict[str, torch.Tensor]:
@@ -159,6 +179,8 @@ class Trainer:
     def save(self) -> Path | None:
         """Checkpoint the current step (rank 0 writes; the others wait)."""
         path = None
+        # FSDP: every rank takes part in gathering the full state that rank 0 writes
+        model, optimizer = full_state(self.model, self.optimizer, self.shard, self.dist)
         if self.dist.is_main:
             meta = {
                 "step": self.step,
@@ -169,8 +191,8 @@ class Trainer:
                 "last_eval": self.last_eval,
             }
             path = save_checkpoint(
-                self.plan.run_dir, self.step, model=self.model, spec=self.plan.spec,
-                optimizer_state=optimizer_tensors(self.model, self.optimizer),
+                self.plan.run_dir, self.step, model=model, spec=self.plan.spec,
+                optimizer_state=optimizer_tensors(self.model, optimizer),
                 rng=self.rng_state(), meta=meta, keep=self.p.keep_checkpoints,
             )
             self.checkpoint_path = path
@@ -341,7 +363,7 @@ def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
     from .setup import make_plan
 
     plan = make_plan(opts, world=dist.world)
-    return Trainer(plan, dist, progress=opts.progress).run()
+    return Trainer(plan, dist, progress=opts.progress, shard=opts.shard).run()
 
 
 def _unsaved_run(d: Path) -> bool:
@@ -406,16 +428,24 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
         plan = make_plan(opts, world=env.world)
         if note and env.is_main:
             print(note, file=sys.stderr)
+        distributed.check_shard(opts.shard, env.world)
         distributed.init(env, plan.device)
-        chosen = [str(plan.run_dir)]
-        torch.distributed.broadcast_object_list(chosen, src=0)
-        plan.run_dir = Path(chosen[0])
+        clean = False  # every rank reaches the end together only on a normal or interrupted exit
         try:
-            return Trainer(plan, env, on_step, progress=opts.progress).run()
+            chosen = [str(plan.run_dir)]
+            torch.distributed.broadcast_object_list(chosen, src=0)
+            plan.run_dir = Path(chosen[0])
+            result = Trainer(plan, env, on_step, progress=opts.progress, shard=opts.shard).run()
+            clean = True
+            return result
+        except TrainingInterrupted:
+            clean = True
+            raise
         finally:
-            distributed.shutdown()
+            distributed.shutdown(clean)
     if nproc < 1:
         raise ValueError(f"--nproc {nproc} must be >= 1")
+    distributed.check_shard(opts.shard, nproc)
     plan = make_plan(opts, world=nproc)  # every input error surfaces here, in this process
     if note:
         print(note, file=sys.stderr)

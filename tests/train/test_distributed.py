@@ -1,4 +1,10 @@
-"""Data parallelism: 2 gloo processes on the CPU follow the 1-process loss trajectory."""
+"""Data parallelism on torch's engines: 2 gloo processes on the CPU equal 1 process.
+
+- DDP: 20 steps with the global batch split over 2 processes end at the parameters of 20 steps in
+  one process (float32, to 1e-6), with the same loss trajectory;
+- FSDP2 (``shard="fsdp"``): the same run, sharded; its checkpoint (gathered on rank 0) loads in a
+  single process, and greedy decoding there gives the tokens the sharded model gave.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +12,82 @@ import pytest
 import torch
 
 from atlas_core.errors import SpecError
+from atlas_core.train import distributed
 from atlas_core.train.checkpoint import load_checkpoint
+from atlas_core.train.inference import open_checkpoint
 from atlas_core.train.metrics import read_metrics
-from atlas_core.train.setup import TrainOptions
-from atlas_core.train.trainer import train
+from atlas_core.train.setup import TrainOptions, make_plan
+from atlas_core.train.trainer import Trainer, train
+
+STEPS = 20
+PROMPT = [[1, 2, 3, 4, 5, 6, 7, 8]]
 
 
 def _trajectory(run_dir):
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(run_dir / "metrics.jsonl")
+    return [(r["step"], r["loss"]) for r in read_metrics(run_dir / "metrics.jsonl")
             if r["kind"] == "train"]
 
 
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path, tiny_spec):
-    tiny_spec["train"].update(steps=5, eval_every=0)
-    one, two = tmp_path / "one", tmp_path / "two"
-    r1 = train(TrainOptions(spec=tiny_spec, out=str(one), progress=False), nproc=1)
-    r2 = train(TrainOptions(spec=tiny_spec, out=str(two), progress=False), nproc=2)
-    assert r2["world_size"] == 2 and r1["world_size"] == 1
-    a, b = _trajectory(one), _trajectory(two)
-    assert [s for s, *_ in a] == [s for s, *_ in b] == [1, 2, 3, 4, 5]
-    for (_, la, ga), (_, lb, gb) in zip(a, b):
-        assert lb == pytest.approx(la, rel=1e-5, abs=1e-6)
-        assert gb == pytest.approx(ga, rel=1e-4, abs=1e-6)
-    assert r2["accuracy"] == pytest.approx(r1["accuracy"])
-    assert r2["eval_loss"] == pytest.approx(r1["eval_loss"], rel=1e-5)
-    wa, wb = load_checkpoint(one).model_tensors(), load_checkpoint(two).model_tensors()
+def _train_and_generate(opts: TrainOptions, info) -> dict:
+    """A spawned rank: train (sharded), then decode greedily with the sharded model."""
+    trainer = Trainer(make_plan(opts, world=info.world), info, progress=False, shard=opts.shard)
+    result = trainer.run()
+    trainer.model.eval()
+    tokens = trainer.model.generate(torch.tensor(PROMPT), 8, greedy=True)
+    return {**result, "tokens": tokens.tolist()}
+
+
+@pytest.fixture
+def spec(tiny_spec):
+    tiny_spec["train"].update(steps=STEPS, eval_every=0, checkpoint_every=0)
+    return tiny_spec
+
+
+def _assert_same_weights(a, b, atol):
+    wa, wb = load_checkpoint(a).model_tensors(), load_checkpoint(b).model_tensors()
+    assert sorted(wa) == sorted(wb)
     for k in wa:
-        torch.testing.assert_close(wb[k], wa[k], rtol=1e-4, atol=1e-5)
-    # only rank 0 wrote: one metrics file, one checkpoint, one start record
-    starts = [r for r in read_metrics(two / "metrics.jsonl") if r.get("event") == "start"]
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=atol, msg=k)
+
+
+def test_ddp_and_fsdp_on_two_processes_match_one(tmp_path, spec):
+    one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
+    r1 = train(TrainOptions(spec=spec, out=str(one), progress=False), nproc=1)
+    r2 = train(TrainOptions(spec=spec, out=str(ddp), progress=False), nproc=2)
+    assert (r1["world_size"], r2["world_size"]) == (1, 2)
+    a, b = _trajectory(one), _trajectory(ddp)
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, STEPS + 1))
+    for (_, la), (_, lb) in zip(a, b):
+        assert lb == pytest.approx(la, rel=1e-6, abs=1e-7)
+    _assert_same_weights(one, ddp, 1e-6)
+    # only rank 0 wrote: one start record
+    starts = [r for r in read_metrics(ddp / "metrics.jsonl") if r.get("event") == "start"]
     assert len(starts) == 1 and starts[0]["world_size"] == 2
+
+    opts = TrainOptions(spec=spec, out=str(fsdp), progress=False, shard="fsdp")
+    plan = make_plan(opts, world=2)
+    r3 = distributed.spawn(_train_and_generate,
+                           TrainOptions(**{**opts.__dict__, "spec": plan.spec.to_dict(),
+                                           "run_dir_checked": True}), 2, "cpu")
+    _assert_same_weights(one, fsdp, 1e-6)
+    _, model, _ = open_checkpoint(r3["checkpoint"], device="cpu")
+    single = model.generate(torch.tensor(PROMPT), 8, greedy=True).tolist()
+    assert single == r3["tokens"]
+    assert len(single[0]) == len(PROMPT[0]) + 8
 
 
 def test_batch_must_split_evenly(tmp_path, tiny_spec):
     tiny_spec["train"]["batch_size"] = 5
     with pytest.raises(SpecError, match=r"train\.batch_size: must be divisible by the 2 processes"):
         train(TrainOptions(spec=tiny_spec, out=str(tmp_path / "r"), progress=False), nproc=2)
+    assert not (tmp_path / "r").exists()
+
+
+def test_fsdp_needs_several_processes(tmp_path, tiny_spec):
+    with pytest.raises(ValueError, match=r"--shard fsdp splits the model over processes"):
+        train(TrainOptions(spec=tiny_spec, out=str(tmp_path / "r"), progress=False,
+                           shard="fsdp"), nproc=1)
+    with pytest.raises(ValueError, match=r"--shard 'zero' is not an engine; use one of ddp, fsdp"):
+        train(TrainOptions(spec=tiny_spec, out=str(tmp_path / "r"), progress=False,
+                           shard="zero"), nproc=2)
     assert not (tmp_path / "r").exists()
