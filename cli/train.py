@@ -61,6 +61,7 @@ def train(
     out: Annotated[Optional[str], typer.Option("--out", help="run directory (default: runs/<spec name>, the first free one)")] = None,
     resume: Annotated[Optional[str], typer.Option("--resume", help="continue from a checkpoint or run directory")] = None,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="data-parallel processes (gloo on CPU, NCCL on CUDA)")] = 1,
+    shard: Annotated[Shard, typer.Option("--shard", help="data-parallel engine with N processes: ddp (a whole model per process) or fsdp (each process holds 1/N of the parameters and optimiser state; checkpoints stay whole)")] = Shard.ddp,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="show the progress bar on stderr")] = True,
     fmt: FormatOption = None,
 ) -> None:
@@ -73,7 +74,7 @@ def train(
                              seed=seed, device=device.value if device else None)
     try:
         run = api_train(files[0] if files else None, out=out, resume=resume, nproc=nproc,
-                        progress=progress, overrides=overrides)
+                        progress=progress, overrides=overrides, shard=shard.value)
     except TrainingInterrupted as exc:
         report(exc, fmt, exit_code=130)
         raise typer.Exit(130) from None
