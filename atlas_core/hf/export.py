@@ -1,0 +1,73 @@
+"""Export a training checkpoint to a Hugging Face directory (``atlas export-hf``).
+
+The directory holds what ``save_pretrained`` writes: ``config.json`` (an `AtlasConfig`: the
+checkpoint's resolved spec and text codec), ``model.safetensors`` (the native weights under
+``model.``, a tied tensor stored once) and ``generation_config.json``. For a char-level text
+model whose vocabulary is smaller than ``vocab_size``, the ids past the vocabulary are listed in
+``suppress_tokens``, as ``atlas generate`` never samples them.
+
+The directory is written under a temporary name next to ``out_dir`` and renamed into place, so an
+interrupted export leaves no half-written directory; an existing non-empty ``out_dir`` is only
+replaced with ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import AtlasError
+
+
+class HFUnavailableError(AtlasError, ImportError):
+    """transformers is missing or too old for the integration."""
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
+                      overwrite: bool = False) -> dict[str, Any]:
+    """Write ``checkpoint`` (a checkpoint or run directory) to ``out_dir``; returns a summary."""
+    try:
+        from .register import check_version
+
+        check_version()
+        from .config import AtlasConfig
+        from .modeling import AtlasForCausalLM
+    except ImportError as exc:
+        raise HFUnavailableError(
+            f"exporting to Hugging Face needs transformers>=5 ({exc}); pip install "
+            "'atlas-memory[hf]' (or pip install 'transformers>=5')") from None
+    from ..train.inference import _codec, open_checkpoint
+
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT_DIR {str(out)!r} is a file; give a directory path (it is created)")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"OUT_DIR {str(out)!r} exists and is not empty; choose a new directory or "
+                         "pass --overwrite to replace it")
+    ckpt, model, _ = open_checkpoint(str(checkpoint), "cpu")
+    codec = _codec(ckpt)
+    config = AtlasConfig.from_spec(ckpt.spec, text_codec=codec)
+    hf = AtlasForCausalLM(config, native=model).eval()
+    usable = len(codec.vocab) if codec is not None and codec.vocab is not None else model.vocab_size
+    if usable < model.vocab_size:
+        hf.generation_config.suppress_tokens = list(range(usable, model.vocab_size))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        hf.save_pretrained(tmp)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return {
+        "checkpoint": str(ckpt.path), "step": ckpt.step, "name": ckpt.spec.name,
+        "arch": ckpt.spec.arch, "out_dir": str(out), "files": sorted(p.name for p in out.iterdir()),
+        "text": codec.mode if codec is not None else None,
+    }
