@@ -40,7 +40,10 @@ class Gate:
     - ``activation``: ``"sigmoid"``, ``"identity"``, ``"softplus"``, ``"tanh"`` or ``"exp"``;
     - ``bias``: the projection's initial bias (the gate starts near ``scale * activation(bias)``);
     - ``scale``: a constant factor after the activation;
-    - ``summary``: one sentence for readers (``atlas`` listings, error messages).
+    - ``summary``: one sentence for readers (``atlas`` listings, error messages);
+    - ``range``: the documented values, ``(low, high)`` with None for an open end (``(0.0, 1.0)``
+      for a retain factor, ``(0.0, None)`` for a learning rate), or None when any value goes;
+      the opt-in input checks (`atlas_core.input_checks`) refuse a gate outside it.
     """
 
     name: str
@@ -49,6 +52,7 @@ class Gate:
     bias: float = 0.0
     scale: float = 1.0
     summary: str = ""
+    range: tuple[float | None, float | None] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -62,6 +66,23 @@ class Gate:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"gate {self.name!r}: {key} must be a finite number, got {value!r}")
+        if self.range is not None:
+            ok = isinstance(self.range, tuple) and len(self.range) == 2 and all(
+                b is None or (isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b))
+                for b in self.range)
+            lo, hi = self.range if ok else (None, None)
+            if not ok or (lo is not None and hi is not None and lo > hi):
+                raise ValueError(f"gate {self.name!r}: range must be (low, high) with numbers or None "
+                                 f"and low <= high, got {self.range!r}")
+
+    def range_text(self) -> str:
+        """The range as a reader writes it: ``[0, 1]``, ``>= 0``, ``any value``."""
+        lo, hi = self.range or (None, None)
+        if lo is not None and hi is not None:
+            return f"[{lo:g}, {hi:g}]"
+        if lo is not None:
+            return f">= {lo:g}"
+        return f"<= {hi:g}" if hi is not None else "any value"
 
     def activate(self, raw, scale: float | None = None):
         """``scale * activation(raw)`` for a tensor of pre-activations."""
@@ -80,10 +101,13 @@ class Gate:
 
 
 # The core's gates (docs/math.md names and the memory layer's historical initial biases).
-ALPHA = Gate("alpha", bias=3.0, summary="retain factor alpha_t in [0, 1]: sigmoid(3.0) ~ 0.95")
-ETA = Gate("eta", bias=2.0, summary="momentum decay eta_t in [0, 1]: sigmoid(2.0) ~ 0.88")
-THETA = Gate("theta", bias=-4.6, summary="inner learning rate theta_t: theta_scale * sigmoid(-4.6) ~ 0.01")
-GAMMA = Gate("gamma", bias=3.0, summary="Omega window weight gamma_t in [0, 1]: sigmoid(3.0) ~ 0.95")
+ALPHA = Gate("alpha", bias=3.0, summary="retain factor alpha_t in [0, 1]: sigmoid(3.0) ~ 0.95",
+             range=(0.0, 1.0))
+ETA = Gate("eta", bias=2.0, summary="momentum decay eta_t in [0, 1]: sigmoid(2.0) ~ 0.88", range=(0.0, 1.0))
+THETA = Gate("theta", bias=-4.6, summary="inner learning rate theta_t: theta_scale * sigmoid(-4.6) ~ 0.01",
+             range=(0.0, None))
+GAMMA = Gate("gamma", bias=3.0, summary="Omega window weight gamma_t in [0, 1]: sigmoid(3.0) ~ 0.95",
+             range=(0.0, 1.0))
 
 #: The four gates of the first layer releases, in their historical order (the order of the
 #: layer's gate projection rows, kept so that checkpoints load).
