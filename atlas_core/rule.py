@@ -35,6 +35,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from . import input_checks
 from .errors import Issue, SpecError, did_you_mean
 from .knobs import Algorithm, Bias, FeatureMap, Retention, Structure
 from .knobs.gates import CORE_GATES, Gate, merge_gates
@@ -126,7 +127,10 @@ class Rule(nn.Module):
         (every strategy computes the same function; a chunked one would pay a whole chunk)."""
         return False
 
-    def forward(self, *args, strategy: Any = None, **kwargs):
+    def forward(self, *args, strategy: Any = None, check_inputs: bool | None = None, **kwargs):
+        input_checks.check_devices(args, kwargs)
+        if input_checks.wanted(check_inputs):  # opt-in: ATLAS_CHECK_INPUTS=1 or check_inputs=True
+            input_checks.check_values(self, args, kwargs)
         strat = self.runner(strategy)
         inputs = self.prepare(*args, **kwargs)
         out = self.reference(inputs) if self.single_step(inputs) else strat.run(self, inputs)
@@ -334,6 +338,7 @@ class ComposedRule(Rule):
 
     # -- the call -------------------------------------------------------------------------------
     def prepare(self, q, k, v, gates=None, state=None) -> MemoryInputs:
+        input_checks.check_containers(gates, state)
         layout = "[B, T, H, D]"
         q = _check_tensor("q", q, 4, layout)
         k = _check_tensor("k", k, 4, layout)
