@@ -71,24 +71,65 @@ def test_moneta_matches_the_accumulator_loop_of_eq_24():
     torch.testing.assert_close(state["M"], M, rtol=1e-10, atol=1e-10)
 
 
-def test_memora_matches_the_softmax_loop_of_eq_27_and_stays_on_the_simplex():
-    c = 2.0
-    rule = ac.build_rule({"use": "miras:memora", "retention": {"use": "miras:kl", "scale": c}})
-    q, k, v, alpha, theta = _call(seed=3)
-    y, state = rule(q, k, v, gates={"alpha": alpha, "theta": theta}, strategy="core:sequential")
+def _memora_loop(q, k, v, alpha, theta, c, read, axis="row"):
+    """MIRAS Eq 27 written out (float64): M_0 the centre of the scaled simplex, then per token
+    M_t = c softmax(alpha_t log(M_{t-1} / c) - theta_t g_t), g_t = (M_{t-1} k_t - v_t) k_t^T."""
     B, T, H, D = q.shape
-    M = torch.full((B, H, D, D), c / D, dtype=torch.float64)  # uniform = what the empty memory gives
+    Dv = v.shape[-1]
+    n = D if axis == "row" else Dv * D
+    M = torch.full((B, H, Dv, D), c / n, dtype=torch.float64)
     ys = []
     for t in range(T):
-        kt, vt = k[:, t], v[:, t]
-        e = torch.einsum("bhvp,bhp->bhv", M, kt) - vt if t > 0 else -vt  # M_0 = 0 reads 0
-        g = torch.einsum("bhv,bhp->bhvp", e, kt)
+        if read == "before":
+            ys.append(torch.einsum("bhvp,bhp->bhv", M, q[:, t]))
+        e = torch.einsum("bhvp,bhp->bhv", M, k[:, t]) - v[:, t]
+        g = torch.einsum("bhv,bhp->bhvp", e, k[:, t])
         logits = alpha[:, t, :, None, None] * torch.log(M / c) - theta[:, t, :, None, None] * g
-        M = c * torch.softmax(logits, dim=-1)
-        ys.append(torch.einsum("bhvp,bhp->bhv", M, q[:, t]))
-    torch.testing.assert_close(y, torch.stack(ys, dim=1), rtol=1e-10, atol=1e-10)
+        if axis == "row":
+            M = c * torch.softmax(logits, dim=-1)
+        else:
+            M = c * torch.softmax(logits.flatten(2), dim=-1).reshape(logits.shape)
+        if read == "after":
+            ys.append(torch.einsum("bhvp,bhp->bhv", M, q[:, t]))
+    return torch.stack(ys, dim=1), M
+
+
+@pytest.mark.parametrize("c,read,axis", [(1.0, "after", "row"), (2.0, "after", "row"),
+                                         (1.0, "before", "row"), (2.0, "before", "row"),
+                                         (2.0, "before", "matrix")])
+def test_memora_matches_the_softmax_loop_of_eq_27_from_the_uniform_start(c, read, axis):
+    rule = ac.build_rule({"use": "miras:memora", "read": read,
+                          "retention": {"use": "miras:kl", "scale": c, "axis": axis}})
+    q, k, v, alpha, theta = _call(seed=3)
+    y, state = rule(q, k, v, gates={"alpha": alpha, "theta": theta}, strategy="core:sequential")
+    want_y, want_M = _memora_loop(q, k, v, alpha, theta, c, read, axis)
+    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state["M"], want_M, rtol=1e-10, atol=1e-10)
     assert torch.all(state["M"] >= 0)
-    torch.testing.assert_close(state["M"].sum(-1), torch.full((B, H, D), c, dtype=torch.float64))
+    sums = state["M"].sum(-1) if axis == "row" else state["M"].sum((-1, -2))
+    torch.testing.assert_close(sums, torch.full_like(sums, c))
+
+
+@pytest.mark.parametrize("c", [1.0, 2.0])
+def test_memora_starts_at_the_centre_of_the_simplex_not_at_zero(c):
+    B, H, D = 2, 2, 3
+    rule = ac.build_rule({"use": "miras:memora", "read": "before",
+                          "retention": {"use": "miras:kl", "scale": c}}, heads=H, d_key=D, d_value=D)
+    M0 = rule.init_state(B, dtype=torch.float64)["M"]
+    assert torch.equal(M0, torch.full((B, H, D, D), c / D, dtype=torch.float64))
+    # read before the first write: the first output is the uniform memory's, (c / D) sum(q)
+    q, k, v, alpha, theta = _call(B=B, H=H, D=D, seed=4)
+    y, _ = rule(q, k, v, gates={"alpha": alpha, "theta": theta})
+    torch.testing.assert_close(y[:, 0], (c / D) * q[:, 0].sum(-1, keepdim=True).expand(B, H, D),
+                               rtol=1e-12, atol=1e-12)
+    assert y[:, 0].abs().max() > 1e-3  # the zero memory would read exactly 0 here
+
+
+def test_matrix_axis_starts_uniform_over_the_whole_weight():
+    rule = ac.build_rule({"use": "miras:memora", "retention": {"use": "miras:kl", "scale": 3.0, "axis": "matrix"}},
+                         heads=1, d_key=2, d_value=3)
+    M0 = rule.init_state(1, dtype=torch.float64)["M"]
+    assert torch.equal(M0, torch.full((1, 1, 3, 2), 0.5, dtype=torch.float64))
 
 
 def test_lq_hooks_invert_each_other():

@@ -18,10 +18,15 @@ new memory is the softmax of the update alone). In the retention hooks of
 ``"matrix"`` normalises the whole weight of each head. The paper leaves the slice open ("per
 slice"); rows keep every output coordinate in use.
 
-The empty memory (zeros) has ``log`` clamped at ``log(tiny)``: a constant per row, which the
-softmax ignores, so the first step gives ``c * softmax(-theta_1 g_1)`` (starting from the uniform
-memory gives the same). The retention is nonlinear (``linear = False``): ``core:chunkwise``
-refuses it with its reason, ``core:sequential`` runs it.
+The memory starts on the simplex, at its centre: every entry ``c / n`` where ``n`` is the size of
+the slice (``c / Dphi`` per row for ``core:linear`` with ``axis = "row"``; ``c / (Dv Dphi)`` with
+``"matrix"``), the `start` hook. That is the paper's start: the first step's gradient is taken at
+the uniform memory, and with ``read = "before"`` the first output reads it (``(c / Dphi) sum(phi(q))``
+per output coordinate). A state with an entry exactly zero (a boundary point of the simplex) is
+still accepted: its log is clamped at ``log(tiny)``, so the entry stays numerically zero while
+``alpha > 0`` (alpha = 0 forgets the old memory, zeros included). The
+retention is nonlinear (``linear = False``): ``core:chunkwise`` refuses it with its reason,
+``core:sequential`` runs it.
 
 Shapes: every weight ``[B, H, *shape]`` (``"M": [B, H, Dv, Dphi]`` for ``core:linear``).
 """
@@ -53,6 +58,14 @@ class KLRetention(Retention):
 
     def alpha(self, gates: dict, like: torch.Tensor) -> torch.Tensor:
         return gates["alpha"]
+
+    def start(self, W: dict) -> dict:
+        """The centre of the scaled simplex: every entry ``c / n``, n the size of a slice."""
+        out = {}
+        for k, w in W.items():
+            n = w.shape[-1] if self.axis == "row" else w[0, 0].numel()
+            out[k] = torch.full_like(w, self.scale / max(n, 1))
+        return out
 
     def pre(self, W: dict) -> dict:
         out = {}
