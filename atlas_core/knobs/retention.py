@@ -39,6 +39,12 @@ class Retention:
         ``[B, T, H]`` tensor of ones in the compute dtype."""
         return torch.ones_like(like)
 
+    def start(self, W: dict) -> dict:
+        """The memory before the first token, from the structure's initial state ``W``: the
+        identity, except for a retention whose memory lives on a constraint set (the KL
+        retention's simplex), which returns a point of that set."""
+        return W
+
     def pre(self, W: dict) -> dict:
         return W
 
