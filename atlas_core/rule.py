@@ -321,7 +321,7 @@ class ComposedRule(Rule):
                 "d_key=Dk, d_value=Dv) or call it once before asking for its initial state"
             )
         device = torch.device(device) if device is not None else torch.device("cpu")
-        W = self.structure.init_state(batch, dtype=dtype, device=device)
+        W = self.retention.start(self.structure.init_state(batch, dtype=dtype, device=device))
         state = dict(W)
         state.update(self.algorithm.init_opt(W))
         c = self.window
