@@ -1,7 +1,11 @@
-"""``atlas build FILE``: build the model a spec describes and report its parameters per block.
+"""``atlas build FILE [KEY.PATH=VALUE]...``: build the model a spec describes (with the overrides
+applied, `atlas_core.spec.overrides`) and report its parameters per block.
 
 ``--device meta`` constructs the model under ``torch.device("meta")``: shapes and parameter
-counts without allocating memory, so even a large spec can be checked on a laptop.
+counts without allocating memory, so even a large spec can be checked on a laptop. Before the
+model is built, its parameter count is estimated from builds of one and two blocks on the meta
+device (`atlas_core.spec.bounds.check_model_size`): a spec over 10**10 parameters is one error,
+not a build that runs for hours.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from .common import FormatOption, emit, examples, log, out_console
+from .overrides import OVERRIDES_HELP, overrides_of, split_words
 
 
 class BuildDevice(str, Enum):
@@ -30,15 +35,18 @@ def _report_rows(report: Any) -> list[dict[str, Any]]:
     return [{"block": str(name), "params": int(count)} for name, count in items]
 
 
-def build_report(file: str, device: str = "cpu") -> dict[str, Any]:
-    from atlas_core.spec import load_spec
+def build_report(file: str, device: str = "cpu", overrides: list | None = None) -> dict[str, Any]:
+    from atlas_core.spec.overrides import load_with_overrides
 
-    spec = load_spec(Path(file))  # first: a file that is no spec fails before torch loads
+    # first: a file that is no spec fails before torch loads
+    spec = load_with_overrides(Path(file), overrides or [])
 
     import torch
 
     from atlas_core.model import build_model
+    from atlas_core.spec.bounds import check_model_size
 
+    check_model_size(spec)  # counted from one- and two-block builds before the whole is built
     log(f"building {spec.arch} from {file} on {device}")
     if device == "meta":
         with torch.device("meta"):
@@ -61,12 +69,16 @@ def build_report(file: str, device: str = "cpu") -> dict[str, Any]:
 
 
 def build(
-    file: Annotated[str, typer.Argument(help="a spec file (.toml)")],
+    words: Annotated[list[str], typer.Argument(
+        metavar="FILE [KEY.PATH=VALUE]...", help="a spec file (.toml), then " + OVERRIDES_HELP)],
     device: Annotated[BuildDevice, typer.Option("--device", help="cpu, or meta to build without memory")] = BuildDevice.cpu,
     fmt: FormatOption = None,
 ) -> None:
     """Build the model of a spec and print its parameter count per block."""
-    data = build_report(file, device.value)
+    files, texts = split_words(words, at_most=1, what="FILE")
+    if not files:
+        raise typer.BadParameter("give a spec FILE (.toml)")
+    data = build_report(files[0], device.value, overrides_of(texts))
 
     def human(d):
         from rich.table import Table
@@ -92,5 +104,6 @@ def register(app: typer.Typer) -> None:
     app.command(
         "build",
         epilog=examples("atlas build examples/titans_lmm.toml",
+                        "atlas build examples/titans_lmm.toml model.d_model=256 model.depth=4",
                         "atlas build examples/titans_deep_lmm.toml --device meta"),
     )(build)

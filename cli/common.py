@@ -128,10 +128,23 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
+def _click_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """``(usage-style errors, exits)``: click's exception classes as typer raises them (typer
+    may carry its own copy of click), plus those of click itself when it is installed."""
+    errors: list[type] = [sys.modules[typer.BadParameter.__module__].ClickException]
+    exits: list[type] = [typer.Exit, typer.Abort]
+    try:
+        import click
+
+        errors.append(click.ClickException)
+        exits.extend([click.exceptions.Exit, click.exceptions.Abort])
+    except ImportError:  # pragma: no cover - typer without click
+        pass
+    return tuple(errors), tuple(exits)
+
+
 def error_payload(exc: BaseException, exit_code: int = 1, kind: str | None = None) -> dict[str, Any]:
     """``{"error": {type, message, exit_code, problems}}`` for an error (module docstring)."""
-    import click
-
     from atlas_core.errors import SpecError
 
     problems: list[dict[str, Any]] = []
@@ -142,7 +155,7 @@ def error_payload(exc: BaseException, exit_code: int = 1, kind: str | None = Non
         line = getattr(exc, "line", None)
         if line is not None and problems:
             problems[0].update(line=line, column=getattr(exc, "column", None))
-    if isinstance(exc, click.ClickException):
+    if isinstance(exc, _click_classes()[0]):
         message = exc.format_message()
     elif kind == "InternalError":
         message = f"{type(exc).__name__}: {exc} (a bug; the traceback is on stderr)"
@@ -207,8 +220,9 @@ def _json_errors_group():
     """The click group class of `AtlasTyper`: under ``--format json`` every error that reaches
     it (a usage error, a known error of a plugin command, a bug) is printed as JSON on stdout
     with its exit code; otherwise errors pass through unchanged."""
-    import click
     from typer.core import TyperGroup
+
+    usage_errors, exits = _click_classes()
 
     class JsonErrorsGroup(TyperGroup):
         def make_context(self, info_name, args, parent=None, **extra):
@@ -220,13 +234,13 @@ def _json_errors_group():
         def invoke(self, ctx):
             try:
                 return super().invoke(ctx)
-            except (click.exceptions.Exit, click.exceptions.Abort):
+            except exits:
                 raise
-            except click.ClickException as exc:
+            except usage_errors as exc:
                 if not wants_json(ctx.meta.get("atlas.argv", ())):
                     raise
                 emit_error(exc, exc.exit_code)
-                raise click.exceptions.Exit(exc.exit_code) from None
+                raise typer.Exit(exc.exit_code) from None
             except Exception as exc:  # noqa: BLE001 - JSON mode: a JSON error, never a traceback alone
                 if debug() or not wants_json(ctx.meta.get("atlas.argv", ())):
                     raise
@@ -237,7 +251,7 @@ def _json_errors_group():
 
                     traceback.print_exc(file=sys.stderr)
                     emit_error(exc, 1, kind="InternalError")
-                raise click.exceptions.Exit(1) from None
+                raise typer.Exit(1) from None
 
     return JsonErrorsGroup
 

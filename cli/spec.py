@@ -1,5 +1,8 @@
 """``atlas spec validate|show``: check TOML specs and print them resolved.
 
+Both take ``KEY.PATH=VALUE`` overrides after the file(s) (`atlas_core.spec.overrides`), so
+``atlas spec show FILE model.d_model=64`` previews what ``atlas train FILE model.d_model=64`` trains.
+
 Validation resolves the spec (which builds the memory rule without sizes to run every composition
 check), then builds the model on the ``meta`` device (shapes only, no memory) so that the checks an
 architecture makes when it is built are reported too: a memory rule it cannot host, sizes a layer
@@ -15,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from .common import AtlasTyper, Failed, FormatOption, OutputFormat, emit, examples, out_console, resolve_format
+from .overrides import OVERRIDES_HELP, overrides_of, split_words
 
 spec_app = AtlasTyper(help="Validate specs and show them resolved (every default filled).")
 
@@ -27,15 +31,17 @@ def _issue_dict(issue) -> dict[str, Any]:
             "text": issue.render()}
 
 
-def validate_file(path: str) -> dict[str, Any]:
-    """{file, ok, name, arch, spec_hash, errors}: one spec file checked."""
+def validate_file(path: str, overrides: list | None = None) -> dict[str, Any]:
+    """{file, ok, name, arch, spec_hash, errors}: one spec file checked (with ``overrides``
+    applied, `atlas_core.spec.overrides`)."""
     from atlas_core.errors import AtlasError, Issue, SpecError
-    from atlas_core.spec import SpecFileError, load_spec
+    from atlas_core.spec import SpecFileError
+    from atlas_core.spec.overrides import load_with_overrides
 
     row: dict[str, Any] = {"file": path, "ok": False, "name": None, "arch": None,
                            "spec_hash": None, "errors": []}
     try:
-        spec = load_spec(Path(path))
+        spec = load_with_overrides(Path(path), overrides or [])
     except SpecFileError as exc:
         row["errors"] = [{"path": "", "message": exc.message, "value": None, "hint": exc.hint,
                           "line": exc.line, "column": exc.column, "text": str(exc)}]
@@ -50,7 +56,9 @@ def validate_file(path: str) -> dict[str, Any]:
     try:
         _build_on_meta(spec)
     except SpecError as exc:
-        row["errors"] = [_issue_dict(i) for i in exc.issues]
+        from atlas_core.spec.overrides import annotate
+
+        row["errors"] = [_issue_dict(i) for i in annotate(exc, overrides or []).issues]
         return row
     except (AtlasError, ValueError) as exc:
         row["errors"] = [_issue_dict(Issue("model", f"the model does not build: {exc}"))]
@@ -75,11 +83,17 @@ def _build_on_meta(spec) -> None:
                     "atlas --format json spec validate examples/*.toml"),
 )
 def validate(
-    files: Annotated[list[str], typer.Argument(help="spec files (.toml)")],
+    words: Annotated[list[str], typer.Argument(
+        metavar="FILE... [KEY.PATH=VALUE]...",
+        help="spec files (.toml), then " + OVERRIDES_HELP + ", applied to every file")],
     fmt: FormatOption = None,
 ) -> None:
     """Validate spec files; every error is listed. Exit 1 if any file has an error."""
-    rows = [validate_file(f) for f in files]
+    files, texts = split_words(words)
+    if not files:
+        raise typer.BadParameter("give at least one spec FILE (.toml)")
+    overrides = overrides_of(texts)
+    rows = [validate_file(f, overrides) for f in files]
 
     def human(rows):
         from rich.markup import escape
@@ -106,18 +120,23 @@ def validate(
 @spec_app.command(
     "show",
     epilog=examples("atlas spec show examples/titans_lmm.toml",
+                    "atlas spec show examples/titans_lmm.toml model.d_model=64 train.lr=1e-3",
                     "atlas --format json spec show examples/titans_lmm.toml"),
 )
 def show(
-    file: Annotated[str, typer.Argument(help="a spec file (.toml)")],
+    words: Annotated[list[str], typer.Argument(
+        metavar="FILE [KEY.PATH=VALUE]...", help="a spec file (.toml), then " + OVERRIDES_HELP)],
     fmt: FormatOption = None,
 ) -> None:
     """Print the resolved spec (every default filled): TOML, or JSON with --format json."""
     import sys
 
-    from atlas_core.spec import load_spec
+    from atlas_core.spec.overrides import load_with_overrides
 
-    spec = load_spec(Path(file))
+    files, texts = split_words(words, at_most=1, what="FILE")
+    if not files:
+        raise typer.BadParameter("give a spec FILE (.toml)")
+    spec = load_with_overrides(Path(files[0]), overrides_of(texts))
     if resolve_format(fmt) is OutputFormat.json:
         emit(spec.to_dict(), fmt)
     else:

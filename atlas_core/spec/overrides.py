@@ -182,8 +182,8 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[Override]) -> d
             elif isinstance(current, Mapping):
                 current = table[key] = dict(current)
             else:
-                issues.append(Issue(here, f"is {current!r}, not a table, so {ov.key} cannot be set",
-                                    None, f"set {here} itself (override {ov})"))
+                issues.append(Issue(here, f"is not a table, so {ov.key} cannot be set", current,
+                                    f"set {here} itself"))
                 break
             table = current
         else:
