@@ -9,7 +9,7 @@ own segment, ``seg[t, j] = sum_{j<m<=t} log a_m``, so no ratio ``P_t / P_j`` of 
 ever formed. The sums are one product with a lower-triangular matrix of ones (a matrix product and
 its backward are fast everywhere, where a cumulative sum's backward flips the tensor twice); a gate
 of exactly 0 is clamped to ``log a = -1e4`` first (``0 * -inf`` would be NaN) and still gives exact
-zeros, ``exp(-1e4) = 0``.
+zeros, ``exp(-1e4) = 0`` (`safe_log`: its gradient stays finite there too).
 """
 
 from __future__ import annotations
@@ -19,10 +19,18 @@ import torch
 _LOG_ZERO = -1.0e4
 
 
+def safe_log(a: torch.Tensor) -> torch.Tensor:
+    """``log a`` clamped at `_LOG_ZERO`, with a finite gradient at ``a = 0``: the gate is clamped
+    to the smallest positive number before the log (``log(0)``'s gradient, inf, times the clamp's
+    0 would be NaN). At exactly 0 the gradient with respect to that gate is 0; the sequential
+    reference differentiates the product itself and gives the exact one."""
+    return torch.log(a.clamp(min=torch.finfo(a.dtype).tiny)).clamp(min=_LOG_ZERO)
+
+
 def decay_matrix(a: torch.Tensor) -> torch.Tensor:
     """``a: [..., C]`` gates in [0, 1] -> ``L: [..., C, C]`` with ``L[t, j] = prod_{j<m<=t} a_m``."""
     C = a.shape[-1]
-    log_a = torch.log(a).clamp(min=_LOG_ZERO)
+    log_a = safe_log(a)
     i = torch.arange(C, device=a.device)
     below = i[:, None] > i[None, :]  # j < t
     x = log_a.unsqueeze(-1) * below.to(a.dtype)  # x[..., m, j] = log a_m where j < m
