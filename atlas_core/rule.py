@@ -144,7 +144,7 @@ class MemoryInputs:
     psi: torch.Tensor  # phi(q): [B, H, T, Dphi]
     phik: torch.Tensor  # phi(k): [B, H, T, Dphi]
     v: torch.Tensor  # [B, H, T, Dv]
-    alpha: torch.Tensor  # retain factor: [B, H, T]
+    alpha: torch.Tensor  # retain factor: [B, H, T], or [B, H, T, Dphi] per key (alpha_shape "key")
     gamma: torch.Tensor  # per-token loss weight (the bias's `weight`; 1 without one): [B, H, T]
     gates: dict[str, torch.Tensor]  # every gate, [B, H, T] ([B, H, T, Dk] for a key gate)
     state: dict[str, torch.Tensor]  # full state, compute dtype
@@ -397,7 +397,7 @@ class ComposedRule(Rule):
             self.bind(H, Dk, Dv)
         ones = torch.ones(B, H, T, dtype=cdtype, device=q.device)
         # a retention without gates keeps everything; the bias's per-token weight (None: 1)
-        alpha = rearrange(self.retention.alpha(gates, ones.transpose(1, 2)).to(cdtype), "b t h -> b h t") if self._retention_gated else ones
+        alpha = self._alpha(gates, ones) if self._retention_gated else ones
         weight = self.bias.weight(gc, ones.transpose(1, 2))
         gamma = ones if weight is None else rearrange(weight.to(cdtype), "b t h -> b h t")
         qf = self.feature_map(q.to(cdtype))
@@ -413,6 +413,16 @@ class ComposedRule(Rule):
             state=st,
             out_dtype=q.dtype,
         )
+
+    def _alpha(self, gates: dict, ones: torch.Tensor) -> torch.Tensor:
+        """The retention's factor, time-major: ``[B, H, T]``, or ``[B, H, T, Dk]`` per key."""
+        a = self.retention.alpha(gates, ones.transpose(1, 2)).to(ones.dtype)
+        if self.retention.alpha_shape == "key":
+            if a.dim() != 4 or a.shape[:3] != ones.transpose(1, 2).shape:
+                raise ValueError(f"retention {self.spec.get('retention')!r} declares a per-key retain "
+                                 f"factor [B, T, H, Dk]; its alpha() returned shape {tuple(a.shape)}")
+            return rearrange(a, "b t h d -> b h t d")
+        return rearrange(a, "b t h -> b h t")
 
     def _check_state(self, state, B, dtype, device) -> dict:
         ref = self.init_state(B, dtype=dtype, device=device)
@@ -471,19 +481,23 @@ class ComposedRule(Rule):
         pos0 = self.position(p)
         anchor = self.anchor_weights(p, W)
         retained = self.retention.gradient_at == "retained"
+        # a per-key factor is applied by the structure before the step, which then keeps all
+        per_key = self.retention.alpha_shape == "key"
+        ones_t = p.v.new_ones(B, H)
         for t in range(T):
             if (pos0 + t) % A == 0:
                 anchor = W
             if self.read == "before":
                 ys.append(S.read(W, psi_t[t]))
             if retained:  # decay first, then the step from the decayed memory (Gated DeltaNet)
-                a = alpha_t[t]
-                W = {k: a.reshape(*a.shape, *([1] * (w.dim() - a.dim()))) * w for k, w in W.items()}
+                W = S.retain(W, alpha_t[t])
                 anchor = W
             u = self.bias.error(S.read(anchor, xw_t[t]), vw_t[t]) * wts_t[t].unsqueeze(-1)
             g = S.grad(anchor, xw_t[t], u)
+            if per_key and not retained:  # M Diag(alpha): the structure decays its key axis
+                W = S.retain(W, alpha_t[t])
             W, opt = self.algorithm.step(
-                W, opt, g, alpha=torch.ones_like(alpha_t[t]) if retained else alpha_t[t],
+                W, opt, g, alpha=ones_t if retained or per_key else alpha_t[t],
                 gates={n: x[t] for n, x in gates_t.items()}, retention=self.retention,
             )
             if self.read == "after":

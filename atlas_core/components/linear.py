@@ -14,6 +14,12 @@ from ..knobs.structure import Structure
 class LinearMemory(Structure):
     matrix_shaped = True
     is_linear = True
+    per_key_retain = True
+
+    def retain(self, W: dict, alpha: torch.Tensor) -> dict:
+        # a scalar per (batch, head) [B, H], or one per key dimension [B, H, Dphi]: M Diag(alpha)
+        a = alpha[..., None, None] if alpha.dim() == 2 else alpha.unsqueeze(-2)
+        return {"M": W["M"] * a}
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"M": (self.d_out, self.d_in)}

@@ -4,6 +4,12 @@ A step computes ``raw = alpha_t * pre(M_{t-1}) + delta_t`` and ``M_t = post(raw)
 the algorithm's update. Linear retentions (``core:none``, ``core:decay``) use identity pre/post and
 are what the chunkwise forms need; nonlinear ones (e.g. a softmax/KL retention) override
 `pre`/`post` and set ``linear = False``.
+
+The retain factor is a scalar per head and token (``alpha_shape = "head"``, ``[B, T, H]``) or one
+per key dimension (``alpha_shape = "key"``, ``[B, T, H, Dk]``: GLA, KDA), which acts on the
+memory's key axis, ``M Diag(alpha_t)`` for ``core:linear`` (docs/math.md, "Per-key decay"). The
+structure applies either (`Structure.retain`); a per-key factor needs a structure that declares
+``per_key_retain``, a feature map that keeps the key dimension, and identity `pre`/`post`.
 """
 
 from __future__ import annotations
@@ -28,15 +34,19 @@ class Retention:
     #: ``"retained"`` (at ``alpha_t M_{t-1}``, Gated DeltaNet: the memory is decayed first, then
     #: the step is taken from it; docs/math.md reduction 6). A retained point needs ``anchor = 1``.
     gradient_at: str = "current"
+    #: The shape of `alpha`: ``"head"`` (``[B, T, H]``, one factor per head) or ``"key"``
+    #: (``[B, T, H, Dk]``, one per key dimension of the memory).
+    alpha_shape: str = "head"
 
     @property
     def gate_names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.gates)
 
     def alpha(self, gates: dict, like: torch.Tensor) -> torch.Tensor:
-        """The retain factor per token ``[B, T, H]`` (1 keeps everything), from the call's
-        ``gates`` (name -> ``[B, T, H]``, or ``[B, T, H, Dk]`` for a key gate); ``like`` is a
-        ``[B, T, H]`` tensor of ones in the compute dtype."""
+        """The retain factor per token, ``[B, T, H]`` (``alpha_shape = "head"``) or
+        ``[B, T, H, Dk]`` (``"key"``); 1 keeps everything. From the call's ``gates`` (name ->
+        ``[B, T, H]``, or ``[B, T, H, Dk]`` for a key gate); ``like`` is a ``[B, T, H]`` tensor of
+        ones in the compute dtype."""
         return torch.ones_like(like)
 
     def start(self, W: dict) -> dict:
@@ -53,5 +63,33 @@ class Retention:
 
     def check_composition(self, rule) -> list[str]:
         """Problems with the composition this knob is placed in (a list of messages; empty
-        when it fits). Called once, when the rule is built."""
+        when it fits). Called once, when the rule is built. The base checks a per-key retain
+        factor's requirements; a subclass that overrides this should extend
+        ``super().check_composition(rule)``."""
+        return per_key_problems(self, rule)
+
+
+def per_key_problems(retention: Retention, rule) -> list[str]:
+    """What keeps ``rule`` from running ``retention``'s per-key retain factor (empty for a
+    per-head one, or when the composition fits)."""
+    shape = retention.alpha_shape
+    if shape == "head":
         return []
+    if shape != "key":
+        return [f"alpha_shape must be 'head' or 'key', got {shape!r}"]
+    spec = getattr(rule, "spec", {}) or {}
+    out = []
+    if not getattr(rule.structure, "per_key_retain", False):
+        out.append(
+            f"the retain factor is per key dimension, which structure {spec.get('structure')!r} "
+            "cannot apply (it has no key axis to decay); use core:linear")
+    fm = rule.feature_map
+    if any(fm.out_dim(d) != d for d in (1, 2, 3, 8, 64)):
+        out.append(
+            f"the retain factor is per key dimension [B, T, H, Dk], but feature map "
+            f"{spec.get('feature_map')!r} changes the key dimension (Dk -> Dphi); use "
+            "core:identity or another map that keeps Dk")
+    if (not retention.linear or type(retention).pre is not Retention.pre
+            or type(retention).post is not Retention.post):
+        out.append("a per-key retain factor must be a linear retention with identity pre/post")
+    return out

@@ -23,6 +23,9 @@ class Structure(nn.Module):
     matrix_shaped: bool = True
     #: ``read(W, x)`` is linear in W and in x: ``M x`` (enables the intra-chunk attention form).
     is_linear: bool = False
+    #: `retain` takes a per-key-dimension factor ``[B, H, Dphi]`` (a retention with
+    #: ``alpha_shape = "key"``: GLA, KDA); structures without it are refused at build time.
+    per_key_retain: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -53,6 +56,16 @@ class Structure(nn.Module):
             k: torch.zeros(batch, self.heads, *s, dtype=dtype, device=device)
             for k, s in self.weight_shapes().items()
         }
+
+    def retain(self, W: dict, alpha: torch.Tensor) -> dict:
+        """The weights kept by a retain factor: ``alpha * W`` for a scalar per (batch, head),
+        ``alpha: [B, H]``. A structure with ``per_key_retain`` also takes ``alpha: [B, H, Dphi]``
+        and decays along its key axis (``core:linear``: ``M Diag(alpha)``)."""
+        if alpha.dim() != 2:
+            raise ValueError(
+                f"{type(self).__name__} retains by a scalar per (batch, head) [B, H]; got a factor "
+                f"of shape {tuple(alpha.shape)} (a per-key factor needs per_key_retain)")
+        return {k: alpha.reshape(*alpha.shape, *([1] * (w.dim() - 2))) * w for k, w in W.items()}
 
     def read(self, W: dict, x: torch.Tensor) -> torch.Tensor:
         """``M(x)`` for one set of weights per (batch, head): x [B,H,N,Dphi] -> [B,H,N,Dv]."""

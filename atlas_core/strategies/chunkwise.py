@@ -37,19 +37,19 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from ..spec.bounds import size_field
 
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
 from .base import Strategy
-from .decay import decay_matrix
+from .decay import _LOG_ZERO, decay_matrix, safe_log  # noqa: F401
 
 
 MAX_DEFAULT_CHUNK = 64
 
 
 class ChunkwiseParams(Params):
-    chunk_size: int | None = Field(
-        None, ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: the "
+    chunk_size: int | None = size_field(None, "chunk", ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: the "
         f"largest divisor of the anchor up to {MAX_DEFAULT_CHUNK}",
     )
     backend: str | None = Field(
@@ -224,6 +224,13 @@ class Chunkwise(Strategy):
                 f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
                 "after each step), so a chunk cannot be solved as a linear recurrence"
             )
+        if rule.retention.alpha_shape != "head" and not (
+                self.fast_path(rule) and rule.algorithm.linear_form == "gd" and rule.window == 1):
+            return False, (
+                f"retention {rule.spec.get('retention')!r} retains per key dimension; the chunk "
+                "form here decays per key only for core:gd on a linear memory with a one-token "
+                "window (core:sequential runs the rest)"
+            )
         if type(rule.algorithm).chunk is Algorithm.chunk:
             hint = rule.algorithm.chunk_hint
             return False, (
@@ -304,7 +311,10 @@ class Chunkwise(Strategy):
         alpha_c = p.alpha.split(C, dim=2)
         gates_c = {k: g.split(C, dim=2) for k, g in p.gates.items()}
         xk_c, xv_c = (_window_chunks(x, C, c, T) for x in (xk, xv))
-        kern = _chunk_kernels(rule, p, xg, lag, C, c, T, gd_form=fast or dual)
+        per_key = p.alpha.dim() == 4  # decay per key dimension (gd, c = 1): `_key_linear_chunk`
+        kern = {} if per_key else _chunk_kernels(rule, p, xg, lag, C, c, T, gd_form=fast or dual)
+        if per_key:
+            w_c = (p.gates["theta"] * xg * lag[0]).split(C, dim=2)  # token weights [B, H, n]
         pos = rule.position(p) if A > 1 else 0
         anchor = rule.anchor_weights(p, W) if A > 1 else W
         ys = []
@@ -317,7 +327,9 @@ class Chunkwise(Strategy):
                 y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, k_i, psi_c[i], anchor)
             else:
                 U = rule.bias.error(S.read(anchor, xe), ve)  # anchored error derivatives [B, H, m, Dv]
-                if fast:
+                if per_key:
+                    y, W = _key_linear_chunk(rule, W["M"], xe, U, psi_c[i], alpha_c[i], w_c[i])
+                elif fast:
                     y, W, opt = self._linear_chunk(rule, W, opt, xe, U, k_i, psi_c[i])
                 else:
                     gates = {k: g[i] for k, g in gates_c.items()}
@@ -410,6 +422,24 @@ class Chunkwise(Strategy):
             Wread = Wall
         y = S.read_per_token(Wread, psi)
         return y, {k: w[:, :, -1] for k, w in Wall.items()}, opt
+
+
+def _key_linear_chunk(rule, M0, x, U, psi, alpha, w):
+    """The linear path with a per-key retain factor (gd, one-token window; docs/math.md,
+    "Per-key decay"): ``alpha: [B, H, n, Dk]``, the anchored errors ``U: [B, H, n, Dv]``, token
+    weights ``w: [B, H, n]``. With ``b_t = sum_{m<=t} log alpha_m`` (from the chunk's start)
+    ``M_t = M_0 Diag(exp(b_t)) - sum_{l<=t} w_l u_l (x_l * exp(b_t - b_l))^T``; the scores are
+    formed from segment sums of log-gates only (`key_decay_chunk.decayed_scores`)."""
+    from .key_decay_chunk import decayed_scores
+
+    b = safe_log(alpha).cumsum(-2)  # [B, H, n, Dk]; finite gradient at alpha = 0
+    xw = w.unsqueeze(-1) * x
+    after = rule.read == "after"
+    r = b if after else torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2)
+    y = (psi * torch.exp(r)) @ M0.transpose(-1, -2) - decayed_scores(psi, r, xw, b, strict=not after) @ U
+    bC = b[..., -1:, :]
+    M = M0 * torch.exp(bC) - U.transpose(-1, -2) @ (xw * torch.exp(bC - b))
+    return y, {"M": M}
 
 
 def _anchor_free(rule) -> bool:

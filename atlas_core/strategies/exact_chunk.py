@@ -75,16 +75,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from ..spec.bounds import size_field
 
 from ..host.registry import Params
 from ..knobs.retention import Retention
 from .base import Strategy
 from .decay import decay_matrix
+from .key_decay_chunk import run_key_decay
 
 
 class ExactChunkParams(Params):
-    chunk_size: int = Field(
-        32, ge=1, description="tokens per chunk (C); the result is exact for any C (16 to 32 is "
+    chunk_size: int = size_field(32, "chunk", ge=1, description="tokens per chunk (C); the result is exact for any C (16 to 32 is "
         "fastest on a CPU at head size 64: docs/benchmarks.md)")
 
 
@@ -168,13 +169,25 @@ class ExactChunk(Strategy):
             keys = set(rule.algorithm.init_opt({"M": torch.empty(0)}))
             if keys != {"Z.M"}:
                 return False, f"algorithm {spec.get('algorithm')!r} keeps state {sorted(keys)}, not Z.M"
+        ret = rule.retention
+        kind = rule.bias.error_kind
+        if ret.alpha_shape == "key" or kind == "dot":
+            # per-key decay (GLA, KDA) and the dot bias: key_decay_chunk.py
+            if form != "gd" or rule.window != 1 or kind not in ("l2", "dot"):
+                return False, (
+                    f"retention {spec.get('retention')!r} / bias {spec.get('bias')!r}: the exact "
+                    "per-key-decay form (and the dot bias's) is implemented for core:gd with the l2 "
+                    "or dot bias and a one-token window (use core:sequential)"
+                )
+            if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
+                return False, f"retention {spec.get('retention')!r} transforms the memory after each step"
+            return True, ""
         if not _is_l2(rule.bias):
             return False, (
                 f"bias {spec.get('bias')!r} is not the l2 (delta-rule) bias, alone or in an Omega "
                 "window: the exact form needs an error linear in the memory, M k - v "
                 "(use core:chunkwise or core:sequential)"
             )
-        ret = rule.retention
         if ret.gradient_at != "current" and (form != "gd" or rule.window != 1):
             return False, (
                 f"retention {spec.get('retention')!r} takes the gradient at the decayed memory: "
@@ -189,6 +202,8 @@ class ExactChunk(Strategy):
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, rule, p):
+        if rule.retention.alpha_shape == "key" or rule.bias.error_kind == "dot":
+            return run_key_decay(rule, p, self.chunk_size)  # GLA / KDA, and the dot bias
         B, H, T = p.shape
         # a call shorter than a chunk is one short chunk, not a padded whole one (a prompt of a
         # few tokens at chunk size 1024 costs O(T^2), not O(C^2))

@@ -61,6 +61,8 @@ class ChunkLinearBackend(Backend):
             return False, f"retention {rule.spec.get('retention')!r} is not a linear (scalar decay) retention"
         if ret.gradient_at != "current":
             return False, f"retention {rule.spec.get('retention')!r} takes the gradient at the decayed memory"
+        if ret.alpha_shape != "head":
+            return False, f"retention {rule.spec.get('retention')!r} decays per key dimension (the kernel: per head)"
         kind = bias_kind(rule.bias)
         if kind is None:
             return False, (

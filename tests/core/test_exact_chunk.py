@@ -140,7 +140,7 @@ def test_feature_map_and_one_token_omega_window_are_supported():
 
 @pytest.mark.parametrize("spec, words", [
     ({"algorithm": "atlas_muon:muon"}, "momentum"),
-    ({"bias": "core:dot"}, "l2"),
+    ({"bias": "core:dot", "algorithm": "core:momentum"}, "core:gd with the l2 or dot bias"),
     ({"structure": "titans:mlp"}, "linear matrix memory"),
 ])
 def test_refuses_other_rules_with_a_reason(spec, words):

@@ -182,7 +182,7 @@ def test_a_zero_gate_inside_and_on_a_chunk_boundary():
 
 @pytest.mark.parametrize("spec, words", [
     ({"algorithm": "atlas_muon:muon"}, "neither core:gd nor core:momentum"),
-    ({"bias": "core:dot"}, "not the l2 (delta-rule) bias"),
+    ({"bias": "core:dot", "algorithm": "core:momentum"}, "core:gd with the l2 or dot bias"),
     ({"bias": {"use": "omega:window", "window": 4, "inner": "miras:huber"}}, "not the l2 (delta-rule) bias"),
     ({"bias": "miras:lp"}, "not the l2 (delta-rule) bias"),
     ({"structure": "titans:mlp"}, "not a linear matrix memory"),

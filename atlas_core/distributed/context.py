@@ -1,0 +1,419 @@
+"""Context parallelism: one long sequence split along time over R ranks, each holding its slice.
+
+``y_r, state_r = context_parallel(rule, q_r, k_r, v_r, gates_r, state=s0, group=group)`` runs
+rank r's slice (``[B, T_r, H, D]``, the r-th consecutive piece of the sequence) and returns its
+outputs and the state after its slice (on the last rank, the state after the whole sequence): the
+same numbers as one call of ``rule`` on the whole sequence (docs/math.md: any split of a sequence
+into calls equals one call, the state carrying what is needed). ``s0``, the state before the first
+token, is read on rank 0 (None: the rule's initial state); its gradient comes back on rank 0.
+Gradients flow to every rank's inputs and to the rule's parameters (each rank holds the
+contribution of its slice; sum them over the group as data parallelism does).
+
+Two ways, chosen by the rule (`mode_for`):
+
+``affine`` (the memory update is affine in the memory: ``core:linear`` memory with the ``core:l2``
+bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:none`` or
+``core:decay`` retention, any anchor; e.g. the delta rule, ``titans:titans``, ``omega:omeganet``):
+
+1. the state splits into *carried inputs*, fixed by the data and the position alone (a window
+   bias's last c - 1 inputs, ``window.*``; the anchor block position ``anchor.pos``), and the
+   *memory* (``M``, the optimiser state ``Z.M``, the anchor memory ``anchor.M``). Rank r's carried
+   inputs are the last c - 1 inputs of rank r - 1's slice (one all-gather; slices must hold at
+   least c - 1 tokens) and the position ``(pos0 + T_0 + ... + T_{r-1}) mod A``;
+2. with its carried inputs fixed, rank r's slice maps its initial memory affinely to its final
+   memory. Every memory tensor is ``[B, H, Dv, Dphi]`` and the rows of the stacked memory
+   ``S [B, H, Dv, K * Dphi]`` (K tensors) evolve independently under one shared operator, so
+   ``S_out = S_in P^T + C`` with ``P: [B, H, K Dphi, K Dphi]`` and ``C: [B, H, Dv, K Dphi]``.
+   They are measured with the rule itself, exactly: one run from S = 0 gives C, and
+   ``m = ceil(K Dphi / Dv)`` runs from basis rows (row i of probe p holds basis vector
+   ``p Dv + i``) give the columns of P. The m + 1 runs go as one batch of (m + 1) B sequences;
+3. all ranks all-gather (P, C) and compose them in rank order (a scan over ranks): rank r's true
+   initial memory is ``S_r = S_{r-1} P_{r-1}^T + C_{r-1}``; then each rank runs its slice from its
+   true initial state (with a graph);
+4. backward: with ``g_r`` the gradient of rank r's outputs with respect to its initial memory,
+   the gradient reaching rank r's final memory is ``mu_{r+1} = g_{r+1} + (gS_{r+1} + mu_{r+2})
+   P_{r+1}`` (``gS``: the caller's gradient of a returned state): one all-gather of the ``g_r``,
+   a scan the other way, then one backward of the slice with that gradient. The gradient of each
+   rank's carried window inputs goes back to the rank whose inputs they are (one all-gather).
+
+Cost of ``affine`` per rank, slice of T_r tokens: the forward runs the slice (m + 2) times
+((m + 1) probes without a graph, one with), the backward twice (``g_r``, then the full backward)
+plus the window inputs' small backward; communication: the all-gather of (P, C), ``R B H (K^2
+Dphi^2 + Dv K Dphi)`` numbers, of the ``g_r`` (``R B H Dv K Dphi``) and, with a window, of the
+carried inputs; memory: the probe batch holds (m + 1) times the slice's activations (no graph).
+With Dv = Dphi, m = K: 2 probe runs for the delta rule, 3 for Titans' momentum, 4 with an anchor.
+Nothing waits on another rank's computation: every rank works at once.
+
+``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):
+rank r waits for rank r - 1's final state (point-to-point send/recv), runs its slice and sends its
+final state on; the backward relays the state gradient from the last rank back. Exact for every
+rule; the ranks run one after another (R slices in sequence: no speed-up, only the memory of one
+slice per rank), and each boundary sends the whole state forward and its gradient back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+ANCHOR_POS = "anchor.pos"
+CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
+MODES = ("auto", "affine", "relay")
+
+_AFFINE_STRUCTURES = ("core:linear",)
+_AFFINE_ALGORITHMS = ("core:gd", "core:momentum")
+_AFFINE_RETENTIONS = ("core:none", "core:decay")
+_AFFINE_BIASES = ("core:l2",)
+_WINDOW_BIASES = ("omega:window",)
+
+
+def _name(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return value.get("use")
+    return None
+
+
+def affine_reason(rule) -> str | None:
+    """None when ``rule``'s memory update is affine in its memory (the ``affine`` mode is exact),
+    else why not (the knob that makes it non-affine)."""
+    spec = getattr(rule, "spec", None)
+    if not isinstance(spec, Mapping) or not hasattr(rule, "structure"):
+        return "a standalone rule (not composed from knobs)"
+    structure, algorithm = _name(spec.get("structure")), _name(spec.get("algorithm"))
+    retention, bias = _name(spec.get("retention")), spec.get("bias")
+    if structure not in _AFFINE_STRUCTURES:
+        return f"structure {structure!r} (a deep memory is not affine in its weights)"
+    if algorithm not in _AFFINE_ALGORITHMS:
+        return f"algorithm {algorithm!r}"
+    if retention not in _AFFINE_RETENTIONS:
+        return f"retention {retention!r}"
+    name = _name(bias)
+    if name in _WINDOW_BIASES:
+        name = _name(bias.get("inner", "core:l2")) if isinstance(bias, Mapping) else "core:l2"
+    if name not in _AFFINE_BIASES:
+        return f"bias {_name(bias)!r}"
+    return None
+
+
+def mode_for(rule, mode: str = "auto") -> str:
+    """The mode ``context_parallel`` uses for ``rule`` (``auto``: affine when exact, else relay)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not a context-parallel mode; use one of {', '.join(MODES)}")
+    why = affine_reason(rule)
+    if mode == "affine" and why is not None:
+        raise ValueError(f"mode 'affine' needs a memory update affine in the memory; this rule has {why}; "
+                         "use mode 'relay' (or 'auto')")
+    if mode == "auto":
+        return "affine" if why is None else "relay"
+    return mode
+
+
+@dataclass
+class _Call:
+    """What one context-parallel call needs besides its tensors."""
+
+    rule: Any
+    strategy: Any
+    group: Any
+    rank: int
+    world: int
+    ranks: list[int]  # global ranks of the group, in group order
+    state_keys: list[str]
+    gate_names: list[str]
+    n_params: int
+    memory_keys: list[str] = field(default_factory=list)
+
+    def unpack(self, tensors):
+        ns, ng = len(self.state_keys), len(self.gate_names)
+        s0 = dict(zip(self.state_keys, tensors[:ns]))
+        q, k, v = tensors[ns:ns + 3]
+        gates = dict(zip(self.gate_names, tensors[ns + 3:ns + 3 + ng]))
+        params = list(tensors[ns + 3 + ng:])
+        return s0, q, k, v, gates, params
+
+    def run(self, q, k, v, gates, state):
+        return self.rule(q, k, v, gates=gates or None, state=state, strategy=self.strategy)
+
+
+def _gather(t: torch.Tensor, call: _Call) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(call.world)]
+    dist.all_gather(out, t.contiguous(), group=call.group)
+    return out
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_(t.is_floating_point())
+
+
+def _grads(outputs, inputs, grad_outputs, retain: bool):
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None and o.requires_grad]
+    wanted = [x for x in inputs if x.requires_grad]
+    if not pairs or not wanted:
+        got = [None] * len(wanted)
+    else:
+        got = list(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
+                                       retain_graph=retain, allow_unused=True))
+    it = iter(got)
+    return [next(it) if x.requires_grad else None for x in inputs]
+
+
+def _add(a, b):
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+# -- the affine mode ---------------------------------------------------------------------------------
+def _rows(state: Mapping[str, torch.Tensor], keys: list[str]) -> torch.Tensor:
+    """The memory tensors ``[B, H, Dv, Dphi]`` side by side: ``[B, H, Dv, K * Dphi]``."""
+    return torch.cat([state[k] for k in keys], dim=-1)
+
+
+def _unrows(rows: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
+    return dict(zip(keys, rows.chunk(len(keys), dim=-1)))
+
+
+def _carried_inputs(call: _Call, s0, q, k, v, gates, lengths: list[int]) -> dict[str, torch.Tensor]:
+    """Rank r's carried inputs: the window of rank r - 1's last inputs and the anchor position."""
+    rule, r = call.rule, call.rank
+    out: dict[str, torch.Tensor] = {}
+    c = getattr(rule, "window", 1)
+    if c > 1:
+        short = [i for i, n in enumerate(lengths[:-1]) if n < c - 1]
+        if short:
+            raise ValueError(
+                f"context parallelism with a {c}-token window needs every slice but the last to "
+                f"hold at least {c - 1} tokens; rank {short[0]} holds {lengths[short[0]]}: use fewer "
+                "ranks or a longer sequence")
+        n = min(c - 1, q.shape[1])
+        tail = {key: x[:, -n:] for key, x in (("q", q), ("k", k), ("v", v))}
+        tail_gates = {g: x[:, -n:] for g, x in gates.items()}
+        with torch.no_grad():  # the window after the last n tokens: the slice's own last inputs
+            _, st = call.run(tail["q"], tail["k"], tail["v"], tail_gates, None)
+        mine = torch.cat([st[w].reshape(st[w].shape[0], -1) for w in CARRIED[:3]], dim=-1)
+        every = _gather(mine, call)
+        if r == 0:
+            for w in CARRIED[:3]:
+                out[w] = s0[w]
+        else:
+            sizes = [s0[w][0].numel() for w in CARRIED[:3]]
+            for w, part in zip(CARRIED[:3], every[r - 1].split(sizes, dim=-1)):
+                out[w] = part.reshape(s0[w].shape).to(s0[w].dtype)
+    if ANCHOR_POS in s0:
+        A = rule.anchor
+        pos0 = s0[ANCHOR_POS]
+        out[ANCHOR_POS] = torch.remainder(pos0 + sum(lengths[:r]), A)
+    return out
+
+
+def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
+    """``(P, C)`` of this rank's slice: ``S_out = S_in P^T + C`` (see the module docstring)."""
+    keys = call.memory_keys
+    B, H, Dv, KD = like.shape
+    m = math.ceil(KD / Dv)
+    probes = [torch.zeros_like(like)]
+    eye = torch.eye(KD, dtype=like.dtype, device=like.device)
+    for p in range(m):
+        basis = torch.zeros_like(like)
+        rows = eye[p * Dv:(p + 1) * Dv]  # basis vectors p*Dv .. : one per memory row
+        basis[:, :, :rows.shape[0]] = rows
+        probes.append(basis)
+    n = len(probes)
+    rows_in = torch.cat(probes, dim=0)  # [(m + 1) B, H, Dv, KD]
+    state = {key: x.repeat(n, *([1] * (x.dim() - 1))) for key, x in carried.items()}
+    state.update(_unrows(rows_in, keys))
+
+    def rep(x):
+        return x.repeat(n, *([1] * (x.dim() - 1)))
+
+    with torch.no_grad():
+        _, out = call.run(rep(q), rep(k), rep(v), {g: rep(x) for g, x in gates.items()}, state)
+    rows_out = _rows(out, keys).reshape(n, B, H, Dv, KD)
+    C = rows_out[0]
+    P = torch.zeros(B, H, KD, KD, dtype=like.dtype, device=like.device)
+    for p in range(m):
+        cols = rows_out[p + 1] - C  # row i: P applied to basis vector p*Dv + i
+        lo, hi = p * Dv, min((p + 1) * Dv, KD)
+        P[..., :, lo:hi] = cols[:, :, :hi - lo].transpose(-1, -2)
+    return P, C
+
+
+class _Affine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call: _Call, *tensors):
+        s0, q, k, v, gates, params = call.unpack(tensors)
+        keys = call.memory_keys
+        lengths = [int(x) for x in _gather(torch.tensor([q.shape[1]], device=q.device), call)]
+        carried = _carried_inputs(call, s0, q, k, v, gates, lengths)
+        rows0 = _rows(s0, keys).detach()
+        P, C = _probe(call, q.detach(), k.detach(), v.detach(),
+                      {g: x.detach() for g, x in gates.items()}, carried, rows0)
+        Ps, Cs = _gather(P, call), _gather(C, call)
+        rows = rows0
+        for j in range(call.rank):  # the scan over the ranks before this one
+            rows = rows @ Ps[j].transpose(-1, -2) + Cs[j]
+        with torch.enable_grad():
+            rows_in = _leaf(rows)
+            carried_in = {key: _leaf(x) for key, x in carried.items()}
+            xs = [_leaf(x) for x in (q, k, v)]
+            gs = {g: _leaf(x) for g, x in gates.items()}
+            state = dict(carried_in)
+            state.update(_unrows(rows_in, keys))
+            y, out = call.run(*xs, gs, state)
+            rows_out = _rows(out, keys)
+        ctx.call, ctx.Ps = call, Ps
+        ctx.graph = (y, rows_out, {w: out[w] for w in CARRIED[:3] if w in out})
+        ctx.leaves = (rows_in, carried_in, xs, gs, params)
+        outs = [out[key].detach() for key in call.state_keys]
+        return (y.detach(), *outs)
+
+    @staticmethod
+    def backward(ctx, gy, *gstate):
+        call, Ps = ctx.call, ctx.Ps
+        y, rows_out, window_out = ctx.graph
+        rows_in, carried_in, xs, gs, params = ctx.leaves
+        keys = call.memory_keys
+        gS = dict(zip(call.state_keys, gstate))
+        zeros = torch.zeros_like(rows_out)
+        g_S = torch.cat([g if (g := gS[key]) is not None else torch.zeros_like(part)
+                         for key, part in zip(keys, rows_out.chunk(len(keys), dim=-1))], dim=-1)
+        # 1. g_r: the gradient of this rank's outputs with respect to its initial memory
+        (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
+        g_loc = zeros if g_loc is None else g_loc
+        gl, gss = _gather(g_loc, call), _gather(g_S, call)
+        # 2. the scan back: mu_{j} = g_j + (gS_j + mu_{j+1}) P_j, from the last rank down
+        mu = torch.zeros_like(g_loc)
+        for j in range(call.world - 1, call.rank, -1):
+            mu = gl[j] + (gss[j] + mu) @ Ps[j]
+        into_out = g_S + mu  # the gradient of this rank's final memory
+        window = list(window_out)
+        carried_leaves = [carried_in[w] for w in window]
+        x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
+        got = _grads([y, rows_out], [rows_in, *carried_leaves, *x_leaves], [gy, into_out],
+                     retain=bool(window))
+        g_rows, g_carried, g_x = got[0], got[1:1 + len(window)], got[1 + len(window):]
+        # 3. the window inputs' gradient goes back to the rank whose last inputs they are
+        g_window_in = {}
+        if window:
+            flat = [(g if g is not None else torch.zeros_like(carried_in[w])).reshape(
+                carried_in[w].shape[0], -1) for w, g in zip(window, g_carried)]
+            every = _gather(torch.cat(flat, dim=-1), call)
+            g_window_in = dict(zip(window, g_carried))
+            sizes = [carried_in[w][0].numel() for w in window]
+            nxt = every[call.rank + 1].split(sizes, dim=-1) if call.rank + 1 < call.world else None
+            g_wout = []
+            for i, w in enumerate(window):
+                g = gS.get(w)
+                if nxt is not None:
+                    g = _add(g, nxt[i].reshape(window_out[w].shape))
+                g_wout.append(g)
+            more = _grads([window_out[w] for w in window], x_leaves, g_wout, retain=False)
+            g_x = [_add(a, b) for a, b in zip(g_x, more)]
+        # the initial state's gradient: rank 0's (the other ranks' s0 is not used)
+        g_s0 = []
+        g_rows_keys = _unrows(g_rows, keys) if g_rows is not None else {}
+        for key in call.state_keys:
+            if call.rank != 0:
+                g_s0.append(None)
+            elif key in g_rows_keys:
+                g_s0.append(g_rows_keys[key])
+            else:
+                g_s0.append(g_window_in.get(key))
+        ctx.graph = ctx.leaves = None
+        return (None, *g_s0, *g_x)
+
+
+# -- the relay mode ----------------------------------------------------------------------------------
+def _send_state(tensors: list[torch.Tensor], call: _Call, to: int) -> None:
+    for t in tensors:
+        dist.send(t.contiguous(), call.ranks[to], group=call.group)
+
+
+def _recv_state(like: list[torch.Tensor], call: _Call, frm: int) -> list[torch.Tensor]:
+    out = []
+    for t in like:
+        buf = torch.empty_like(t)
+        dist.recv(buf, call.ranks[frm], group=call.group)
+        out.append(buf)
+    return out
+
+
+class _Relay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, call: _Call, *tensors):
+        s0, q, k, v, gates, params = call.unpack(tensors)
+        keys = call.state_keys
+        init = [s0[key].detach() for key in keys]
+        if call.rank > 0:
+            init = _recv_state(init, call, call.rank - 1)
+        with torch.enable_grad():
+            s_in = [_leaf(x) for x in init]
+            xs = [_leaf(x) for x in (q, k, v)]
+            gs = {g: _leaf(x) for g, x in gates.items()}
+            y, out = call.run(*xs, gs, dict(zip(keys, s_in)))
+        outs = [out[key] for key in keys]
+        if call.rank + 1 < call.world:
+            _send_state([o.detach() for o in outs], call, call.rank + 1)
+        ctx.call, ctx.graph, ctx.leaves = call, (y, outs), (s_in, xs, gs, params)
+        return (y.detach(), *[o.detach() for o in outs])
+
+    @staticmethod
+    def backward(ctx, gy, *gstate):
+        call = ctx.call
+        y, outs = ctx.graph
+        s_in, xs, gs, params = ctx.leaves
+        g_out = list(gstate)
+        if call.rank + 1 < call.world:  # the gradient of the next slice's initial state
+            later = _recv_state([o.detach() for o in outs], call, call.rank + 1)
+            g_out = [_add(g, x) for g, x in zip(g_out, later)]
+        x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
+        got = _grads([y, *outs], [*s_in, *x_leaves], [gy, *g_out], retain=False)
+        g_in, g_x = got[:len(s_in)], got[len(s_in):]
+        if call.rank > 0:
+            _send_state([g if g is not None else torch.zeros_like(s) for g, s in zip(g_in, s_in)],
+                        call, call.rank - 1)
+            g_in = [None] * len(s_in)
+        ctx.graph = ctx.leaves = None
+        return (None, *g_in, *g_x)
+
+
+# -- the entry point ---------------------------------------------------------------------------------
+def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     gates: Mapping[str, torch.Tensor] | None = None, state=None, *, group=None,
+                     strategy: Any = None, mode: str = "auto"):
+    """This rank's slice of one sequence split along time over the ranks of ``group``; returns
+    ``(y [B, T_r, H, Dv], state after this slice)``. See the module docstring."""
+    if not dist.is_initialized():
+        raise RuntimeError("context_parallel needs a process group: call "
+                           "torch.distributed.init_process_group first")
+    group = group if group is not None else dist.group.WORLD
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    gates = dict(gates or {})
+    if world == 1:
+        return rule(q, k, v, gates=gates or None, state=state, strategy=strategy)
+    chosen = mode_for(rule, mode)
+    if state is None:
+        if not getattr(rule.structure, "bound", True):
+            rule.bind(q.shape[2], q.shape[3], v.shape[3])
+        cdtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        state = rule.init_state(q.shape[0], dtype=cdtype, device=q.device)
+    state_keys = sorted(state)
+    gate_names = sorted(gates)
+    params = [p for p in rule.parameters() if p.requires_grad]
+    call = _Call(rule, strategy, group, rank, world, dist.get_process_group_ranks(group),
+                 state_keys, gate_names, len(params))
+    tensors = [state[key] for key in state_keys] + [q, k, v] + [gates[g] for g in gate_names] + params
+    if chosen == "affine":
+        call.memory_keys = [key for key in state_keys if key not in CARRIED]
+        out = _Affine.apply(call, *tensors)
+    else:
+        out = _Relay.apply(call, *tensors)
+    return out[0], dict(zip(state_keys, out[1:]))

@@ -1,0 +1,134 @@
+"""Rules, inputs and the loss shared by the context-parallel tests and their worker processes."""
+
+from __future__ import annotations
+
+import torch
+
+import atlas_core as ac
+
+B, H, D, T = 2, 2, 4, 30
+CASES = {
+    "titans": {"use": "titans:titans"},
+    "titans_anchor4": {"use": "titans:titans", "anchor": 4},
+    "delta": {"structure": "core:linear", "bias": "core:l2", "algorithm": "core:gd"},
+    "omeganet": {"use": "omega:omeganet"},
+    "titans_deep_anchor4": {"use": "titans:titans_deep", "anchor": 4},
+}
+
+
+def build(name: str):
+    torch.manual_seed(0)
+    rule = ac.build_rule(dict(CASES[name]), heads=H, d_key=D, d_value=D).double()
+    for p in rule.parameters():  # move learned parameters off their initial values
+        with torch.no_grad():
+            p.add_(0.1 * torch.randn_like(p))
+    return rule
+
+
+def inputs(rule, seed: int = 1) -> dict:
+    """q, k, v, gates for the whole sequence, a random initial state and the loss weights."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    q = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1)
+    k = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1)
+    v = rnd(B, T, H, D)
+    gates = {}
+    for name in rule.gate_names:
+        x = torch.rand(B, T, H, generator=g, dtype=torch.float64)
+        gates[name] = 0.05 + 0.15 * x if name == "theta" else 0.6 + 0.35 * x
+    state = {}
+    for key, x in rule.init_state(B, dtype=torch.float64).items():
+        if key == "anchor.pos":
+            state[key] = x
+        elif key == "window.gamma":
+            state[key] = torch.rand(x.shape, generator=g, dtype=torch.float64)
+        else:
+            state[key] = x + 0.3 * rnd(*x.shape)
+    if "anchor.pos" in state:  # start inside an anchor block: its memory is the carried one
+        state["anchor.pos"] = torch.full((B,), 1.0, dtype=torch.float64)
+    wy = rnd(B, T, H, D)
+    ws = {key: rnd(*x.shape) for key, x in state.items() if key != "anchor.pos"}
+    return {"q": q, "k": k, "v": v, "gates": gates, "state": state, "wy": wy, "ws": ws}
+
+
+def loss(y, final, wy, ws) -> torch.Tensor:
+    """A loss reading every output and (when ``final`` is given) every final state entry."""
+    out = (y * wy).sum()
+    if final is not None:
+        out = out + sum((final[key] * w).sum() for key, w in ws.items())
+    return out
+
+
+def leaves(x: dict) -> dict:
+    out = {}
+    for key in ("q", "k", "v"):
+        out[key] = x[key].detach().clone().requires_grad_(True)
+    out["gates"] = {n: t.detach().clone().requires_grad_(True) for n, t in x["gates"].items()}
+    out["state"] = {n: t.detach().clone().requires_grad_(n != "anchor.pos")
+                    for n, t in x["state"].items()}
+    return out
+
+
+def grads(rule, lv: dict) -> dict:
+    """Named gradients after a backward: inputs, gates, initial state, parameters."""
+    out = {key: lv[key].grad for key in ("q", "k", "v")}
+    out.update({f"gates.{n}": t.grad for n, t in lv["gates"].items()})
+    out.update({f"state.{n}": t.grad for n, t in lv["state"].items() if n != "anchor.pos"})
+    out.update({f"param.{n}": p.grad for n, p in rule.named_parameters()})
+    return out
+
+
+def reference(name: str) -> dict:
+    """One call on the whole sequence in one process: y, final state, gradients."""
+    rule = build(name)
+    x = inputs(rule)
+    lv = leaves(x)
+    y, final = rule(lv["q"], lv["k"], lv["v"], gates=lv["gates"] or None, state=lv["state"])
+    loss(y, final, x["wy"], x["ws"]).backward()
+    return {"y": y.detach(), **{f"final.{k}": t.detach() for k, t in final.items()},
+            **grads(rule, lv)}
+
+
+def parallel(name: str, info) -> dict:
+    """This rank's part of the context-parallel run, gathered on every rank (same keys as
+    `reference`)."""
+    import torch.distributed as dist
+
+    from atlas_core.distributed import context_parallel
+
+    rule = build(name)
+    x = inputs(rule)
+    lv = leaves(x)
+    R, r = info.world, info.rank
+
+    def part(t):  # this rank's slice along time
+        return t.tensor_split(R, dim=1)[r]
+
+    y, final = context_parallel(rule, part(lv["q"]), part(lv["k"]), part(lv["v"]),
+                                {n: part(t) for n, t in lv["gates"].items()}, lv["state"])
+    loss(y, final if r == R - 1 else None, part(x["wy"]), x["ws"]).backward()
+    g = grads(rule, lv)
+    mine = {"y": y.detach(), "final": {k: t.detach() for k, t in final.items()}, "grads": g}
+    every = [None] * R
+    dist.all_gather_object(every, mine)
+    out = {"y": torch.cat([e["y"] for e in every], dim=1)}
+    out.update({f"final.{k}": t for k, t in every[-1]["final"].items()})
+    for key in g:
+        parts = [e["grads"][key] for e in every]
+        if key in ("q", "k", "v") or key.startswith("gates."):  # each rank holds its slice's
+            out[key] = torch.cat([p.tensor_split(R, dim=1)[i] for i, p in enumerate(parts)], dim=1)
+        elif key.startswith("state."):  # the initial state is rank 0's
+            out[key] = parts[0]
+        else:  # parameters: each rank holds its slice's contribution
+            out[key] = sum(p for p in parts if p is not None)
+    return out
+
+
+def run_all(names, info) -> dict:
+    """Every case; tensors as numpy arrays (a tensor handed between processes would be shared
+    memory that ends with the worker)."""
+    return {name: {k: (None if t is None else t.numpy()) for k, t in parallel(name, info).items()}
+            for name in names}

@@ -1,0 +1,54 @@
+"""Context parallelism (`atlas_core.distributed.context_parallel`) equals one process.
+
+One sequence of 30 tokens is split along time over 2 and 4 gloo processes on the CPU; outputs,
+final state and the gradients of every input, gate, initial-state entry and learned parameter
+equal one call of the rule on the whole sequence in one process, to 1e-9 in float64. Affine mode:
+``titans:titans`` (with and without an anchor), the delta rule, ``omega:omeganet`` (an 8-token
+window carried across ranks); relay: ``titans:titans_deep`` with an anchor of 4 (slices start
+inside anchor blocks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atlas_core.distributed import affine_reason, mode_for
+from atlas_core.train.distributed import spawn
+
+from . import cases
+
+
+def _check(world: int) -> None:
+    names = list(cases.CASES)
+    got = spawn(cases.run_all, names, world, "cpu")
+    for name in names:
+        want = cases.reference(name)
+        assert sorted(got[name]) == sorted(want), name
+        for key, w in want.items():
+            if w is None:
+                assert got[name][key] is None, (name, key)
+                continue
+            torch.testing.assert_close(torch.from_numpy(got[name][key]), w, rtol=1e-9, atol=1e-9,
+                                       msg=f"{name} {key} (R = {world})")
+
+
+def test_two_ranks_equal_one_process():
+    _check(2)
+
+
+def test_four_ranks_equal_one_process():
+    _check(4)
+
+
+def test_modes_follow_the_rule():
+    assert mode_for(cases.build("titans")) == "affine"
+    assert mode_for(cases.build("omeganet")) == "affine"
+    assert mode_for(cases.build("delta")) == "affine"
+    deep = cases.build("titans_deep_anchor4")
+    assert mode_for(deep) == "relay"
+    assert "titans:mlp" in affine_reason(deep)
+    with pytest.raises(ValueError, match="mode 'affine' needs a memory update affine"):
+        mode_for(deep, "affine")
+    with pytest.raises(ValueError, match="mode 'ring' is not a context-parallel mode"):
+        mode_for(deep, "ring")
