@@ -16,9 +16,10 @@ result). Its overrides are applied to the spec before validation, exactly as the
 
 - the common options ``steps``, ``lr``, ``batch_size``, ``seq_len``, ``seed``, ``device`` set the
   ``[train]`` keys of the same name;
-- any other keyword is a dotted path, given with ``**{"model.d_model": 64}``, or a top-level
-  section given as a table, ``model={"d_model": 64}`` (which sets ``model.d_model`` only and keeps
-  the other keys of ``[model]``), or ``name="small"``;
+- any other keyword is a dotted path, given with ``**{"model.d_model": 64}`` (a table value
+  replaces the table at that path: ``**{"train.task": {"use": "copy"}}``), or a top-level section
+  given as a table, ``model={"d_model": 64}`` (which sets each key it names, here
+  ``model.d_model`` only, and keeps the other keys of ``[model]``), or ``name="small"``;
 - ``overrides=["train.lr=1e-3", ...]`` takes the command line's text form (values are TOML
   literals).
 

@@ -122,21 +122,22 @@ def parse_overrides(texts: Iterable[str]) -> list[Override]:
 
 
 def from_mapping(mapping: Mapping[str, Any], origin: str = "") -> list[Override]:
-    """Overrides from a mapping: dotted keys (``{"model.d_model": 64}``) and/or nested tables
-    (``{"model": {"d_model": 64}}``, which sets only ``model.d_model``). An empty nested table
-    sets the key to an empty table."""
-
-    def walk(prefix: tuple[str, ...], value: Any) -> Iterable[Override]:
-        if isinstance(value, Mapping) and value:
-            for k, v in value.items():
-                yield from walk(prefix + parse_key(str(k)), v)
-        else:
-            key = ".".join(prefix)
-            yield Override(prefix, copy.deepcopy(value), f"{origin}{key}={value!r}")
-
+    """Overrides from keyword-style pairs: a dotted key sets that path to its value, as on the
+    command line (a table value replaces the table there: ``{"train.task": {"use": "copy"}}``);
+    a single key with a non-empty table value sets each of its keys, so
+    ``{"model": {"d_model": 64}}`` changes ``model.d_model`` only."""
     out: list[Override] = []
+
+    def add(path: tuple[str, ...], value: Any) -> None:
+        out.append(Override(path, copy.deepcopy(value), f"{origin}{'.'.join(path)}={value!r}"))
+
     for k, v in mapping.items():
-        out.extend(walk(parse_key(str(k)), v))
+        path = parse_key(str(k))
+        if len(path) == 1 and isinstance(v, Mapping) and v:
+            for sub, value in v.items():
+                add(path + parse_key(str(sub)), value)
+        else:
+            add(path, v)
     return out
 
 

@@ -78,10 +78,16 @@ def test_flag_overrides_name_the_flag():
         flag_overrides(warmup=3)
 
 
-def test_from_mapping_takes_dotted_keys_and_nested_tables():
-    a = from_mapping({"model.d_model": 64, "train": {"lr": 1e-3, "task": {"num_pairs": 3}}})
-    assert [(o.key, o.value) for o in a] == [("model.d_model", 64), ("train.lr", 1e-3),
-                                             ("train.task.num_pairs", 3)]
+def test_from_mapping_takes_dotted_keys_and_section_tables():
+    a = from_mapping({"model.d_model": 64, "train": {"lr": 1e-3, "task": {"use": "copy"}},
+                      "train.task": {"use": "mqar"}, "name": "x", "layer": {}})
+    assert [(o.key, o.value) for o in a] == [
+        ("model.d_model", 64), ("train.lr", 1e-3), ("train.task", {"use": "copy"}),
+        ("train.task", {"use": "mqar"}), ("name", "x"), ("layer", {})]
+    # a table value replaces the table at its path (as `train.task={use = "copy"}` does)
+    data = {"train": {"task": {"use": "mqar", "num_pairs": 2}, "lr": 0.1}}
+    out = apply_overrides(data, from_mapping({"train": {"task": {"use": "copy"}}}))
+    assert out == {"train": {"task": {"use": "copy"}, "lr": 0.1}}
 
 
 # -- applying -----------------------------------------------------------------------------------
