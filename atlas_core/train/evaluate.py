@@ -125,7 +125,10 @@ def task_meta(task: Task, table: Mapping[str, Any]) -> dict[str, Any]:
         "seq_len": task.seq_len,
     }
     if getattr(task, "name", "") == "text":
-        meta["text"] = {"mode": task.params.mode, "vocab": task.vocab}
+        if task.params.mode == "bpe":  # the whole tokenizer: decoding needs no file
+            meta["text"] = {"mode": "bpe", "tokenizer": task.tokenizer.to_str()}
+        else:
+            meta["text"] = {"mode": task.params.mode, "vocab": task.vocab}
     return meta
 
 

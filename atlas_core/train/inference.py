@@ -71,6 +71,11 @@ def _trained_task(ckpt: Checkpoint) -> dict[str, Any]:
     return trained
 
 
+def checkpoint_codec(ckpt: Checkpoint) -> TextCodec | None:
+    """How the checkpoint's model turns text into ids and back (None: its task has no text)."""
+    return _codec(ckpt)
+
+
 def _codec(ckpt: Checkpoint) -> TextCodec | None:
     trained = _trained_task(ckpt)
     try:
@@ -116,6 +121,13 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
                 "--task", "this char-level text has another character vocabulary than the "
                 "checkpoint's training text, so its ids would mean other characters", built.params.path,
                 "evaluate on the training file, or train in byte mode")])
+    if getattr(built, "name", "") == "text" and built.params.mode == "bpe":
+        if codec is None or codec.tokenizer_json != built.tokenizer.to_str():
+            raise SpecError([Issue(
+                "--task", "this tokenizer is not the one the checkpoint was trained with, so its "
+                "ids would mean other subwords", built.params.tokenizer,
+                "name the training tokenizer (or evaluate with the checkpoint's: `atlas "
+                "tokenizer export CKPT tokenizer.json`)")])
     return built
 
 
@@ -164,7 +176,11 @@ def generate_from_checkpoint(
     if bad:
         raise ValueError(f"--prompt-ids: {bad[:5]} outside [0, {vocab}) (the model's vocab_size)")
     gen = torch.Generator(device=dev).manual_seed(seed)
-    usable = len(codec.vocab) if codec is not None and codec.vocab is not None else vocab
+    usable = vocab
+    if codec is not None and codec.vocab is not None:
+        usable = len(codec.vocab)
+    elif codec is not None and codec.mode == "bpe":
+        usable = min(vocab, codec.tokenizer.get_vocab_size())
     new = _sample(model, torch.tensor([ids], device=dev), max_new_tokens, usable,
                   temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=gen)
     result: dict[str, Any] = {"checkpoint": str(ckpt.path), "step": ckpt.step,

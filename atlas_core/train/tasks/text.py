@@ -1,9 +1,18 @@
-"""Language modelling on a text file the user names, at the byte or the character level.
+"""Language modelling on a local corpus the user names: bytes, characters or subword tokens.
 
-- ``mode = "byte"``: the file's raw bytes are the tokens, ``vocab_size = 256``; any file works.
-- ``mode = "char"``: the file is decoded (``encoding``, UTF-8 by default) and every distinct
+The corpus (``path``) is a plain text file (one document), a JSON Lines file or a Parquet file
+(one document per row, in field ``text_field``); ``format = "auto"`` picks by extension, and the
+tables are read through ``datasets`` (`corpus.read_documents`). Tokens:
+
+- ``mode = "byte"``: the raw bytes are the tokens, ``vocab_size = 256``; any file works;
+- ``mode = "char"``: the text is decoded (``encoding``, UTF-8 by default) and every distinct
   character becomes one token, ids in code-point order, ``vocab_size`` = the number of distinct
-  characters. `vocab` lists them, for decoding and for saving beside a checkpoint.
+  characters. `vocab` lists them, for decoding and for saving beside a checkpoint;
+- ``mode = "bpe"``: a subword tokenizer (``tokenizer``: a ``tokenizer.json`` or a Hugging Face
+  tokenizer directory, e.g. one trained by ``atlas tokenizer train``); ``vocab_size`` is the
+  tokenizer's. Every document ends with the end-of-text token, so documents stay separated.
+
+In byte and char mode the documents of a table are joined with a blank line between them.
 
 A batch is B windows of T + 1 consecutive tokens at uniform random offsets: ``inputs`` the first
 T, ``targets`` the last T (plain next-token prediction, every position counts).
@@ -21,17 +30,28 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ...host.registry import Params
 from .base import Task, TaskDataError, TaskFileNotFoundError
+from .corpus import corpus_format, read_documents
 
 
 class TextParams(Params):
     # reads_file: a checkpoint's value is never reused without the user naming it (`file_params`)
     path: str = Field(..., min_length=1, description="the text file (relative to the cwd)",
                       json_schema_extra={"reads_file": True})
-    mode: Literal["byte", "char"] = Field("byte", description="byte (256 ids) or char tokens")
+    mode: Literal["byte", "char", "bpe"] = Field(
+        "byte", description="byte (256 ids), char (one id per distinct character) or bpe "
+        "(the subword tokenizer named by `tokenizer`; the default when a tokenizer is given)")
+    tokenizer: str | None = Field(
+        None, min_length=1, description="bpe mode: a tokenizer.json or a Hugging Face tokenizer "
+        "directory (`atlas tokenizer train` makes one)", json_schema_extra={"reads_file": True})
+    format: Literal["auto", "text", "jsonl", "parquet"] = Field(
+        "auto", description="corpus format; auto: .jsonl/.json -> jsonl, .parquet -> parquet, "
+        "else text (one document)")
+    text_field: str = Field("text", min_length=1,
+                            description="jsonl/parquet: the field that holds each document")
     seq_len: int = Field(256, ge=1, description="T, tokens per window")
     split: Literal["train", "val", "all"] = Field("train", description="which part of the file")
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the file held out")
@@ -47,6 +67,25 @@ class TextParams(Params):
             )
         return fraction
 
+    @model_validator(mode="before")
+    @classmethod
+    def _tokenizer_means_bpe(cls, data):
+        """A tokenizer without a mode means ``mode = "bpe"``."""
+        if isinstance(data, dict) and data.get("tokenizer") is not None and "mode" not in data:
+            return {**data, "mode": "bpe"}
+        return data
+
+    @model_validator(mode="after")
+    def _tokenizer_with_bpe(self) -> "TextParams":
+        if self.mode == "bpe" and self.tokenizer is None:
+            raise ValueError("mode = 'bpe' needs a tokenizer: a tokenizer.json file or a Hugging "
+                             "Face tokenizer directory (`atlas tokenizer train CORPUS --out "
+                             "tokenizer.json` makes one)")
+        if self.mode != "bpe" and self.tokenizer is not None:
+            raise ValueError(f"a tokenizer is used only with mode = 'bpe' (mode is {self.mode!r}); "
+                             "set mode = 'bpe' or leave the tokenizer out")
+        return self
+
 
 class TextTask(Task):
     """Next-token prediction on random windows of a text file; see the module docstring."""
@@ -58,18 +97,30 @@ class TextTask(Task):
         super().__init__(params, ctx)
         p = self.params
         self.path = Path(p.path).expanduser()
-        raw = _read(self.path, p.path)
-        self.vocab: list[str] | None
-        if p.mode == "byte":
-            tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-            self.vocab = None
+        self.vocab: list[str] | None = None
+        self.tokenizer = None
+        fmt = corpus_format(self.path, p.format)
+        if p.mode == "bpe":
+            from ..tokenizer import encode_documents, load_tokenizer
+
+            self.tokenizer = load_tokenizer(p.tokenizer)
+            docs = read_documents(self.path, fmt, p.text_field, p.path)
+            tokens = torch.tensor(encode_documents(self.tokenizer, docs), dtype=torch.int32)
         else:
-            tokens, self.vocab = _chars(raw, p.encoding, p.path)
+            if fmt == "text":
+                raw = _read(self.path, p.path)
+            else:
+                docs = read_documents(self.path, fmt, p.text_field, p.path)
+                raw = "\n\n".join(docs).encode(p.encoding if p.mode == "char" else "utf-8")
+            if p.mode == "byte":
+                tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            else:
+                tokens, self.vocab = _chars(raw, p.encoding, p.path)
         self.file_tokens = tokens.numel()
         held_out = int(self.file_tokens * p.val_fraction)
         cut = self.file_tokens - held_out
         self.tokens = {"train": tokens[:cut], "val": tokens[cut:], "all": tokens}[p.split]
-        unit = "byte" if p.mode == "byte" else "character"
+        unit = {"byte": "byte", "char": "character", "bpe": "token"}[p.mode]
         have = self.tokens.numel()
         if have < p.seq_len + 1:
             where = "" if p.split == "all" else (
@@ -85,6 +136,8 @@ class TextTask(Task):
 
     @property
     def vocab_size(self) -> int:
+        if self.tokenizer is not None:
+            return int(self.tokenizer.get_vocab_size())
         return 256 if self.vocab is None else len(self.vocab)
 
     def _sample(self, batch_size, generator):
@@ -96,6 +149,9 @@ class TextTask(Task):
     # -- text <-> ids, for prompts and generated samples -----------------------------------------
     def encode(self, text: str) -> torch.Tensor:
         """``[L]`` int64 ids of ``text`` (UTF-8 bytes in byte mode)."""
+        if self.tokenizer is not None:
+            return torch.tensor(self.tokenizer.encode(text, add_special_tokens=False).ids,
+                                dtype=torch.long)
         if self._index is None:
             return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
         missing = sorted({ch for ch in text if ch not in self._index})
@@ -109,6 +165,8 @@ class TextTask(Task):
     def decode(self, ids: torch.Tensor | list[int]) -> str:
         """The text of ``ids`` (bytes that are not valid UTF-8 become U+FFFD in byte mode)."""
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
         if self.vocab is None:
             return bytes(ids).decode("utf-8", errors="replace")
         return "".join(self.vocab[i] for i in ids)
