@@ -41,7 +41,7 @@ from pydantic import Field
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
 from .base import Strategy
-from .decay import _LOG_ZERO, decay_matrix
+from .decay import decay_matrix, safe_log
 
 
 MAX_DEFAULT_CHUNK = 64
