@@ -10,7 +10,10 @@ memory's initial weights, which the layer registers by holding the rule). For an
 3. split into heads ``[B, T, H, D]``; l2-normalise q and k (``qk_norm``);
 4. gates from x: one linear map per gate the rule declares (``rule.gates``, each an
    `atlas_core.knobs.Gate`), ``gate = scale * activation(w x + b)``, ``[B, T, H]`` for a gate of
-   shape ``"head"`` and ``[B, T, H, Dk]`` for one of shape ``"key"``; ``b`` starts at
+   shape ``"head"`` and ``[B, T, H, Dk]`` for one of shape ``"key"`` (with ``n =
+   rule.steps_per_token > 1``: ``k_proj``, ``v_proj`` and each gate in ``rule.step_gates`` make n
+   per token, ``k, v: [B, T, n, H, D]``, step gates ``[B, T, n, H]``, the n rows of a token
+   sub-step-major); ``b`` starts at
    ``[layer] gate_bias.<name>``, else at the declared ``bias``. The core's declarations:
    ``alpha = sigmoid(w_a x + b_a)`` (retain factor, b_a = 3.0 -> ~0.95),
    ``eta = sigmoid(w_e x + b_e)`` (momentum decay, b_e = 2.0 -> ~0.88),
@@ -125,27 +128,30 @@ class MemoryLayer(nn.Module):
         self.d_key = p.d_key or d_model // heads
         self.d_value = p.d_value or self.d_key
         self.rule = rule
-        if hasattr(rule, "bind"):
-            rule.bind(heads, self.d_key, self.d_value)
+        rule.bind(heads, self.d_key, self.d_value)
         # the strategy is resolved and checked once, here; the layer owns the bound runner
-        self.runner = rule.runner(strategy, registry) if hasattr(rule, "runner") else strategy
+        self.runner = rule.runner(strategy, registry)
         self.strategy = self.runner
         H, Dk, Dv = heads, self.d_key, self.d_value
+        # sub-steps per token (the rule declares them): n keys, values and per-step gates a token
+        self.steps = n = rule.steps_per_token
         self.q_proj = nn.Linear(d_model, H * Dk, bias=False)
-        self.k_proj = nn.Linear(d_model, H * Dk, bias=False)
-        self.v_proj = nn.Linear(d_model, H * Dv, bias=False)
+        self.k_proj = nn.Linear(d_model, n * H * Dk, bias=False)
+        self.v_proj = nn.Linear(d_model, n * H * Dv, bias=False)
         self.use_conv = p.conv_size > 1
         if self.use_conv:
             self.q_conv = ShortConv(H * Dk, p.conv_size)
-            self.k_conv = ShortConv(H * Dk, p.conv_size)
-            self.v_conv = ShortConv(H * Dv, p.conv_size)
-        # the gates the rule's knobs declare (a standalone rule module without them takes none)
-        self.gate_decls = tuple(getattr(rule, "gates", ()))
+            self.k_conv = ShortConv(n * H * Dk, p.conv_size)
+            self.v_conv = ShortConv(n * H * Dv, p.conv_size)
+        # the gates the rule's knobs declare (a standalone rule declares none)
+        self.gate_decls = tuple(rule.gates)
         self.gate_names = tuple(g.name for g in self.gate_decls)
+        self.step_gates = frozenset(rule.step_gates)
         bad = gate_bias_issues(p.gate_bias, self.gate_decls)
         if bad:
             raise SpecError(bad)
-        self.gate_sizes = tuple(H * (Dk if g.shape == "key" else 1) for g in self.gate_decls)
+        self.gate_sizes = tuple(H * (Dk if g.shape == "key" else 1) * (n if g.name in self.step_gates else 1)
+                                for g in self.gate_decls)
         self.gate_scales = tuple(
             g.scale * (p.theta_scale if g.name == "theta" else 1.0) for g in self.gate_decls)
         if self.gate_names:
@@ -181,8 +187,13 @@ class MemoryLayer(nn.Module):
         raw = self.gate_proj(x).split(self.gate_sizes, dim=-1)
         out = {}
         for gate, r, scale in zip(self.gate_decls, raw, self.gate_scales):
+            n = self.steps if gate.name in self.step_gates else 1
             if gate.shape == "key":
-                r = rearrange(r, "b t (h d) -> b t h d", h=self.heads)
+                r = rearrange(r, "b t (n h d) -> b t n h d", n=n, h=self.heads)
+            else:
+                r = rearrange(r, "b t (n h) -> b t n h", n=n, h=self.heads)
+            if n == 1:
+                r = r.squeeze(2)
             out[gate.name] = gate.activate(r, scale)
         return out
 
@@ -199,8 +210,12 @@ class MemoryLayer(nn.Module):
         if self.params.qkv_activation == "silu":
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q = rearrange(q, "b t (h d) -> b t h d", h=self.heads)
-        k = rearrange(k, "b t (h d) -> b t h d", h=self.heads)
-        v = rearrange(v, "b t (h d) -> b t h d", h=self.heads)
+        if self.steps > 1:  # [B, T, n, H, D]: n keys and values a token
+            k = rearrange(k, "b t (n h d) -> b t n h d", n=self.steps, h=self.heads)
+            v = rearrange(v, "b t (n h d) -> b t n h d", n=self.steps, h=self.heads)
+        else:
+            k = rearrange(k, "b t (h d) -> b t h d", h=self.heads)
+            v = rearrange(v, "b t (h d) -> b t h d", h=self.heads)
         if self.params.qk_norm:
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None

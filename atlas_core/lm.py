@@ -103,13 +103,13 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core
     except ValueError as exc:
         raise SpecError([Issue("memory", f"{arch} cannot host this memory: {exc}")]) from None
     rule = layer.rule
-    name = getattr(rule, "spec", {}).get("use") or "this rule"
-    if not hasattr(rule, "gate_names"):
+    name = rule.spec.get("use") or "this rule"
+    if not rule.takes_qkv:
         raise SpecError([Issue(
             "memory", f"{arch} cannot host {name}: a memory layer feeds rules q, k, v and gates, "
             "and this rule takes another input (it brings its own layer)", name,
             "use a knob-composed rule or preset (e.g. titans:titans)")])
-    if read_only and not (hasattr(rule, "structure") and hasattr(rule, "feature_map")):
+    if read_only and not rule.composed:
         raise SpecError([Issue(
             "memory", f"{arch} retrieves from the committed memory with a read-only query, which "
             f"needs a knob-composed rule (structure + feature map); {name} is standalone", name)])

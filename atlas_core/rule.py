@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import torch
@@ -56,8 +57,9 @@ KNOB_DEFAULTS = {
     "read": "after",
     "anchor": 1,
 }
-RULE_KEYS = tuple(KNOB_DEFAULTS) + ("use", "parallel")
+RULE_KEYS = tuple(KNOB_DEFAULTS) + ("steps_per_token", "use", "parallel")
 MAX_ANCHOR = 1 << 20  # a block longer than any sequence a model will see is a spec mistake
+MAX_STEPS = 64  # Householder steps per token: more is a spec mistake, not a rule
 ANCHOR_POS = "anchor.pos"
 
 
@@ -69,6 +71,14 @@ def check_anchor(value: Any, path: str = "anchor") -> list[Issue]:
                       "64-token block at the block's start")]
     if not 1 <= value <= MAX_ANCHOR:
         return [Issue(path, f"must be between 1 and {MAX_ANCHOR}", value)]
+    return []
+
+
+def check_steps(value: Any, path: str = "steps_per_token") -> list[Issue]:
+    """Problems with a ``steps_per_token`` value (an int in 1 .. MAX_STEPS)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STEPS:
+        return [Issue(path, f"must be a whole number of sub-steps between 1 and {MAX_STEPS}", value,
+                      "steps_per_token = 1 is one step per token; Gated DeltaProduct uses 2 or 3")]
     return []
 
 
@@ -87,13 +97,27 @@ class Rule(nn.Module):
     algorithm, used by ``core:sequential``) and `finish` (turn a strategy's output into the
     public result)."""
 
-    spec: dict[str, Any]
+    spec: Mapping[str, Any] = MappingProxyType({})  # the spec it was built from (set by its builder)
     default_strategy: Any = "core:sequential"
     #: gradients inside a block of ``anchor`` tokens are taken at the block's start (1: per token)
     anchor: int = 1
     #: the gates a memory layer must produce for this rule (none: a standalone rule takes its
     #: own inputs)
     gates: tuple[Gate, ...] = ()
+    #: sub-steps per token (Gated DeltaProduct): k and v then carry ``[B, T, n, H, D]`` and the
+    #: gates named in `step_gates` ``[B, T, n, H]`` (``[B, T, n, H, Dk]`` per key); q and the
+    #: other gates stay per token
+    steps_per_token: int = 1
+    step_gates: tuple[str, ...] = ()
+    #: the call is ``rule(q, k, v, gates=..., state=...)``, what `atlas_core.layer.MemoryLayer`
+    #: feeds; a rule with other inputs (the MRU's ``X``) sets False and brings its own layer
+    takes_qkv: bool = True
+    #: knob-composed (`ComposedRule`): a structure and a feature map to read the memory with
+    composed: bool = False
+
+    def bind(self, heads: int, d_key: int | None = None, d_value: int | None = None) -> "Rule":
+        """Fix the sizes a caller works with (heads, Dk, Dv); the base records nothing."""
+        return self
 
     def prepare(self, *args, **kwargs):
         raise NotImplementedError
@@ -205,6 +229,8 @@ def _check_tensor(name: str, x: Any, rank: int, layout: str) -> torch.Tensor:
 class ComposedRule(Rule):
     """A memory rule composed from structure, bias, retention, algorithm and feature map."""
 
+    composed = True
+
     def __init__(
         self,
         structure: Structure,
@@ -216,14 +242,16 @@ class ComposedRule(Rule):
         spec: Mapping[str, Any] | None = None,
         default_strategy: Any = "core:sequential",
         anchor: int = 1,
+        steps_per_token: int = 1,
     ) -> None:
         super().__init__()
         if read not in ("after", "before"):
             raise SpecError([Issue("read", "must be 'after' or 'before'", read)])
-        bad = check_anchor(anchor)
+        bad = check_anchor(anchor) + check_steps(steps_per_token)
         if bad:
             raise SpecError(bad)
         self.anchor = int(anchor)
+        self.steps_per_token = int(steps_per_token)
         self.structure = structure
         self.feature_map = feature_map
         self.bias = bias
@@ -245,8 +273,16 @@ class ComposedRule(Rule):
             problems.append(Issue(
                 "anchor", f"retention {self.spec.get('retention')!r} takes the gradient at the decayed "
                 "memory of each token, which an anchor block cannot share", self.anchor, "use anchor = 1"))
+        if self.steps_per_token > 1 and self.retention.per_token_transition:
+            problems.append(Issue(
+                "steps_per_token", f"retention {self.spec.get('retention')!r} maps the memory by "
+                "its own per-token transition, which the sub-steps of a token cannot share",
+                self.steps_per_token, "use steps_per_token = 1 or a scalar-decay retention"))
         if problems:
             raise SpecError(problems)
+        if self.steps_per_token > 1:  # the retention's gates stay per token, the others per step
+            kept = {g.name for g in _declared_gates(self.retention)}
+            self.step_gates = tuple(g.name for g in self.gates if g.name not in kept)
         self._gate_shapes = {g.name: g.shape for g in self.gates}
         self._retention_gated = bool(_declared_gates(self.retention)) or self.retention.fixed_alpha
 
@@ -284,7 +320,7 @@ class ComposedRule(Rule):
         return keys
 
     def single_step(self, inputs: "MemoryInputs") -> bool:
-        return inputs.shape[2] == 1
+        return inputs.shape[2] == self.steps_per_token
 
     # -- anchoring ------------------------------------------------------------------------------
     def position(self, inputs: "MemoryInputs") -> int:
@@ -339,6 +375,8 @@ class ComposedRule(Rule):
     # -- the call -------------------------------------------------------------------------------
     def prepare(self, q, k, v, gates=None, state=None) -> MemoryInputs:
         input_checks.check_containers(gates, state)
+        if self.steps_per_token > 1:  # one position per sub-step from here on
+            q, k, v, gates = self._expand_steps(q, k, v, dict(gates or {}))
         layout = "[B, T, H, D]"
         q = _check_tensor("q", q, 4, layout)
         k = _check_tensor("k", k, 4, layout)
@@ -398,10 +436,15 @@ class ComposedRule(Rule):
         ones = torch.ones(B, H, T, dtype=cdtype, device=q.device)
         # a retention without gates keeps everything; the bias's per-token weight (None: 1)
         alpha = self._alpha(gates, ones) if self._retention_gated else ones
-        weight = self.bias.weight(gc, ones.transpose(1, 2))
-        gamma = ones if weight is None else rearrange(weight.to(cdtype), "b t h -> b h t")
+        if self.steps_per_token > 1:  # the retention acts once per token, at its first sub-step
+            alpha = self._first_substep(alpha)
         qf = self.feature_map(q.to(cdtype))
         kf = self.feature_map(k.to(cdtype))
+        if self.bias.weight_reads_key:  # e.g. Longhorn's 1 / (1 + theta |phi(k)|^2)
+            weight = self.bias.weight(gc, ones.transpose(1, 2), key=kf)
+        else:
+            weight = self.bias.weight(gc, ones.transpose(1, 2))
+        gamma = ones if weight is None else rearrange(weight.to(cdtype), "b t h -> b h t")
         st = self._check_state(state, B, cdtype, q.device)
         return MemoryInputs(
             psi=rearrange(qf, "b t h d -> b h t d"),
@@ -423,6 +466,58 @@ class ComposedRule(Rule):
                                  f"factor [B, T, H, Dk]; its alpha() returned shape {tuple(a.shape)}")
             return rearrange(a, "b t h d -> b h t d")
         return rearrange(a, "b t h -> b h t")
+
+    # -- sub-steps (steps_per_token = n > 1) ---------------------------------------------------------
+    def _substep(self) -> int:
+        """The sub-step whose read is the token's output: the last ("after"), the first ("before")."""
+        return self.steps_per_token - 1 if self.read == "after" else 0
+
+    def _expand_steps(self, q, k, v, gates: dict):
+        """The call as one position per sub-step: k, v and the per-step gates ``[B, T, n, ...]`` ->
+        ``[B, T n, ...]``; q sits at the reading sub-step (zero elsewhere: those reads are dropped);
+        a per-token gate sits at the first sub-step and is 1 at the others (the retention acts
+        once per token)."""
+        n = self.steps_per_token
+        q = _check_tensor("q", q, 4, "[B, T, H, Dk]")
+        B, T, H, Dk = q.shape
+        missing = [g for g in self.gate_names if g not in gates]
+        if missing:
+            raise ValueError(
+                f"missing gates {missing}: this rule needs {list(self.gate_names)}; with "
+                f"steps_per_token = {n} the gates {list(self.step_gates)} are per sub-step "
+                f"[B, T, n, H] = [{B}, {T}, {n}, {H}] and the others per token [B, T, H] "
+                f"(a gate declared per key adds Dk = {Dk})")
+        want = f"[B, T, n, H, D] with n = steps_per_token = {n} and the B, T, H of q {(B, T, H)}"
+        for name, x in (("k", k), ("v", v)):
+            x = _check_tensor(name, x, 5, want)
+            if (x.shape[:4] != (B, T, n, H)) or (name == "k" and x.shape[-1] != Dk):
+                raise ValueError(f"{name} must be {want}" + (f" and Dk = {Dk}" if name == "k" else "")
+                                 + f"; got {tuple(x.shape)}")
+        slots = [torch.zeros_like(q)] * n
+        slots[self._substep()] = q
+        out = {}
+        for name, g in gates.items():
+            if not isinstance(g, torch.Tensor) or name not in self._gate_shapes:
+                out[name] = g  # the general checks name the problem
+                continue
+            extra = (Dk,) if self._gate_shapes[name] == "key" else ()
+            if name in self.step_gates:
+                if tuple(g.shape) != (B, T, n, H, *extra):
+                    raise ValueError(f"gates['{name}'] is per sub-step: it must be [B, T, n, H"
+                                     f"{', Dk' if extra else ''}] = {[B, T, n, H, *extra]}, got {tuple(g.shape)}")
+                out[name] = g.flatten(1, 2)
+            else:
+                if tuple(g.shape) != (B, T, H, *extra):
+                    raise ValueError(f"gates['{name}'] is per token (the retention's): it must be "
+                                     f"{[B, T, H, *extra]}, got {tuple(g.shape)}")
+                out[name] = torch.stack([g] + [torch.ones_like(g)] * (n - 1), dim=2).flatten(1, 2)
+        return torch.stack(slots, dim=2).flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2), out
+
+    def _first_substep(self, alpha: torch.Tensor) -> torch.Tensor:
+        """``alpha: [B, H, T n, ...]`` with every sub-step after the first set to 1."""
+        n = self.steps_per_token
+        a = alpha.unflatten(2, (-1, n))
+        return torch.cat([a[:, :, :, :1], torch.ones_like(a[:, :, :, 1:])], dim=3).flatten(2, 3)
 
     def _check_state(self, state, B, dtype, device) -> dict:
         ref = self.init_state(B, dtype=dtype, device=device)
@@ -455,6 +550,8 @@ class ComposedRule(Rule):
 
     def finish(self, inputs: MemoryInputs, output):
         y, state = output
+        if self.steps_per_token > 1:  # one output per token: the read at its reading sub-step
+            y = y[:, :, self._substep()::self.steps_per_token]
         return rearrange(y, "b h t d -> b t h d").to(inputs.out_dtype), state
 
     # -- the reference ----------------------------------------------------------------------------
@@ -483,22 +580,27 @@ class ComposedRule(Rule):
         retained = self.retention.gradient_at == "retained"
         # a per-key factor is applied by the structure before the step, which then keeps all
         per_key = self.retention.alpha_shape == "key"
+        # a retention's own transition (RWKV-7) gives the retained memory; the step then keeps all
+        moved = self.retention.per_token_transition
         ones_t = p.v.new_ones(B, H)
         for t in range(T):
             if (pos0 + t) % A == 0:
                 anchor = W
             if self.read == "before":
                 ys.append(S.read(W, psi_t[t]))
+            gates_now = {n: x[t] for n, x in gates_t.items()}
             if retained:  # decay first, then the step from the decayed memory (Gated DeltaNet)
-                W = S.retain(W, alpha_t[t])
+                W = self.retention.transition(W, gates_now) if moved else S.retain(W, alpha_t[t])
                 anchor = W
             u = self.bias.error(S.read(anchor, xw_t[t]), vw_t[t]) * wts_t[t].unsqueeze(-1)
             g = S.grad(anchor, xw_t[t], u)
-            if per_key and not retained:  # M Diag(alpha): the structure decays its key axis
+            if moved and not retained:  # the gradient was taken at M_{t-1}
+                W = self.retention.transition(W, gates_now)
+            elif per_key and not retained:  # M Diag(alpha): the structure decays its key axis
                 W = S.retain(W, alpha_t[t])
             W, opt = self.algorithm.step(
-                W, opt, g, alpha=ones_t if retained or per_key else alpha_t[t],
-                gates={n: x[t] for n, x in gates_t.items()}, retention=self.retention,
+                W, opt, g, alpha=ones_t if retained or per_key or moved else alpha_t[t],
+                gates=gates_now, retention=self.retention,
             )
             if self.read == "after":
                 ys.append(S.read(W, psi_t[t]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .errors import Issue, SpecError, did_you_mean
-from .rule import KNOB_DEFAULTS, KNOB_KINDS, RULE_KEYS, ComposedRule, Rule, check_anchor
+from .rule import KNOB_DEFAULTS, KNOB_KINDS, RULE_KEYS, ComposedRule, Rule, check_anchor, check_steps
 
 
 # -- building -----------------------------------------------------------------------------------
@@ -54,6 +54,11 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
                 raise SpecError([Issue(
                     f"{pre}anchor", f"{comp.name} is a standalone rule with no inner gradient to "
                     "anchor; only knob-composed rules take an anchor", anchor, "remove anchor")])
+            steps = spec.pop("steps_per_token", 1)
+            if steps != 1:
+                raise SpecError([Issue(
+                    f"{pre}steps_per_token", f"{comp.name} is a standalone rule; only "
+                    "knob-composed rules take sub-steps per token", steps, "remove steps_per_token")])
             rest = {k: v for k, v in spec.items() if k != "use"}
             params = comp.validate(rest, path)
             from .host.registry import BuildContext
@@ -70,6 +75,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
         knobs = {**KNOB_DEFAULTS, **spec}
         preset = None
     issues, built = [], {}
+    steps = knobs.pop("steps_per_token", 1)
     for key in knobs:
         if key not in KNOB_DEFAULTS:
             hint = did_you_mean(key, RULE_KEYS) or f"allowed keys: {', '.join(RULE_KEYS)}"
@@ -82,9 +88,12 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
     if knobs["read"] not in ("after", "before"):
         issues.append(Issue(f"{pre}read", "must be 'after' or 'before'", knobs["read"]))
     issues.extend(check_anchor(knobs["anchor"], f"{pre}anchor"))
+    issues.extend(check_steps(steps, f"{pre}steps_per_token"))
     if issues:
         raise SpecError(issues)
     resolved = {k: _canonical(knobs[k]) for k in KNOB_DEFAULTS}
+    if steps != 1:  # written only where it is set: a one-step rule's spec is unchanged
+        resolved["steps_per_token"] = steps
     if preset:
         resolved = {"use": preset, **resolved}
     try:
@@ -92,7 +101,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
             built["structure"], built["bias"], built["retention"], built["algorithm"],
             built["feature_map"], read=knobs["read"], spec=resolved,
             default_strategy=parallel if parallel is not None else "core:sequential",
-            anchor=knobs["anchor"],
+            anchor=knobs["anchor"], steps_per_token=steps,
         )
     except SpecError as exc:
         raise exc.prefixed(path) if path else exc
@@ -100,7 +109,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
 
 
 def _bound(rule, heads, d_key, d_value):
-    if heads is not None and hasattr(rule, "bind"):
+    if heads is not None:
         rule.bind(heads, d_key, d_value if d_value is not None else d_key)
     return rule
 

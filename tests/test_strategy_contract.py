@@ -48,14 +48,16 @@ def _build(name: str, anchor: int):
 
 def _inputs(rule, T: int, seed: int = 1) -> dict:
     g = torch.Generator().manual_seed(seed)
-    if not hasattr(rule, "gate_names"):  # the MRU: X of random rotations
+    if not rule.takes_qkv:  # the MRU: X of random rotations
         return rule.example_inputs(batch=2, seq_len=T, dtype=torch.float64, generator=g)
-    q, k, v = (torch.randn(2, T, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+    n = (rule.steps_per_token,) if rule.steps_per_token > 1 else ()  # sub-steps: k, v [2, T, n, H, D]
+    q, k, v = (torch.randn(2, T, *s, H, D, generator=g, dtype=torch.float64) for s in ((), n, n))
     q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
     gates = {}
     shapes = {gate.name: gate.shape for gate in rule.gates}
     for name in rule.gate_names:
-        x = torch.rand(2, T, H, *((D,) if shapes[name] == "key" else ()), generator=g, dtype=torch.float64)
+        x = torch.rand(2, T, *(n if name in rule.step_gates else ()), H,
+                       *((D,) if shapes[name] == "key" else ()), generator=g, dtype=torch.float64)
         gates[name] = 0.05 + 0.15 * x if name == "theta" else 0.6 + 0.35 * x
     return {"q": q, "k": k, "v": v, "gates": gates}
 
@@ -184,6 +186,9 @@ SPLIT_RULES = [
     ("delta", 16),
     ("zoo:gla", 1),
     ("zoo:kda", 1),
+    ("zoo:longhorn", 1),
+    ("zoo:rwkv7", 1),
+    ("zoo:gated_delta_product", 1),
 ]
 
 

@@ -15,6 +15,11 @@ The per-token weight ``gamma_i`` is what `weight` returns from the call's gates:
 ``gamma`` for a gated Omega window, any declared gate for a plugin bias (a bias whose loss is
 scaled per token by its own gate ``beta`` returns ``gates["beta"]``), None for 1. Every strategy
 multiplies token i's error by it (and carries it in ``"window.gamma"``).
+
+A bias that declares ``weight_reads_key = True`` also receives the token's feature-mapped key,
+``weight(gates, like, key=phi(k))`` with ``key: [B, T, H, Dphi]``: a step normalised by the key
+(Longhorn, NLMS: ``gamma_t = 1 / (1 + theta_t |phi(k_t)|^2)``) is a per-token weight like any
+other, so every strategy that runs the bias's error runs it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class Bias:
     #: ``"l2"`` (``pred - v``), ``"dot"`` (``-v``) or None (any other). A subclass that
     #: overrides ``error`` must declare its own (None unless it keeps one of these forms).
     error_kind: str | None = None
+    #: `weight` reads the token's feature-mapped key as well as the gates: the rule calls
+    #: ``weight(gates, like, key=phi(k))`` (``[B, T, H, Dphi]``) instead of ``weight(gates, like)``.
+    weight_reads_key: bool = False
 
     @property
     def gates(self) -> tuple[Gate, ...]:
@@ -47,10 +55,12 @@ class Bias:
     def gate_names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.gates)
 
-    def weight(self, gates: dict, like: torch.Tensor) -> torch.Tensor | None:
+    def weight(self, gates: dict, like: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor | None:
         """The per-token weight of the token's loss, ``[B, T, H]``, from the call's ``gates``
         (name -> ``[B, T, H]``, or ``[B, T, H, Dk]`` for a key gate; compute dtype); ``like`` is a
-        ``[B, T, H]`` tensor of ones. None means 1 for every token."""
+        ``[B, T, H]`` tensor of ones. ``key`` is the feature-mapped key ``[B, T, H, Dphi]`` when
+        the bias declares ``weight_reads_key`` (and is not passed otherwise). None means 1 for
+        every token."""
         return gates["gamma"] if self.gamma_gate else None
 
     def error(self, pred: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,10 @@ class Retention:
     #: The shape of `alpha`: ``"head"`` (``[B, T, H]``, one factor per head) or ``"key"``
     #: (``[B, T, H, Dk]``, one per key dimension of the memory).
     alpha_shape: str = "head"
+    #: The retained memory is the retention's own per-token map, `transition` (RWKV-7's
+    #: ``M_{t-1} (Diag(w_t) + a_t b_t^T)``), instead of ``alpha * M``: the step then adds the
+    #: algorithm's update to it. Such a retention declares ``linear = False`` (no chunked form).
+    per_token_transition: bool = False
 
     @property
     def gate_names(self) -> tuple[str, ...]:
@@ -48,6 +52,12 @@ class Retention:
         ``[B, T, H]``, or ``[B, T, H, Dk]`` for a key gate); ``like`` is a ``[B, T, H]`` tensor of
         ones in the compute dtype."""
         return torch.ones_like(like)
+
+    def transition(self, W: dict, gates: dict) -> dict:
+        """The retained memory of one token (``per_token_transition``): weights ``{name: [B, H,
+        *shape]}`` and the token's gates (name -> ``[B, H]``, or ``[B, H, Dk]`` for a key gate)
+        -> weights of the same shapes."""
+        raise NotImplementedError
 
     def start(self, W: dict) -> dict:
         """The memory before the first token, from the structure's initial state ``W``: the

@@ -37,16 +37,18 @@ def composed_inputs(rule, B: int, T: int, *, dtype, device, seed: int, mode: str
     """A random call of a knob-composed rule (q and k l2-normalised, as the memory layer does)."""
     g = generator(seed)
     H, Dk, Dv = rule.structure.heads, rule.feature_map.d_in, rule.structure.d_out
+    # sub-steps per token (rule.steps_per_token = n > 1): k, v [B, T, n, H, D], step gates [B, T, n, H]
+    n = (rule.steps_per_token,) if rule.steps_per_token > 1 else ()
     q = torch.randn(B, T, H, Dk, generator=g, dtype=torch.float64)
-    k = torch.randn(B, T, H, Dk, generator=g, dtype=torch.float64)
+    k = torch.randn(B, T, *n, H, Dk, generator=g, dtype=torch.float64)
     q = q / q.norm(dim=-1, keepdim=True)
     k = k / k.norm(dim=-1, keepdim=True)
-    v = torch.randn(B, T, H, Dv, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, *n, H, Dv, generator=g, dtype=torch.float64)
     flat = {"q": q, "k": k, "v": v}
     # every gate the rule declares, in its declared shape: [B, T, H] or [B, T, H, Dk] (a key gate)
     for gate in sorted(rule.gates, key=lambda d: d.name):  # rule.gate_names' order: same draws
         name = gate.name
-        shape = (B, T, H, Dk) if gate.shape == "key" else (B, T, H)
+        shape = (B, T, *(n if name in rule.step_gates else ()), H, *((Dk,) if gate.shape == "key" else ()))
         if mode == "default":  # the memory layer's initial gates: the declared bias and activation
             noise = 0.5 * torch.randn(*shape, generator=g, dtype=torch.float64)
             flat[f"gates.{name}"] = gate.activate(gate.bias + noise)

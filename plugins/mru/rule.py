@@ -53,6 +53,7 @@ class MRURule(Rule):
     """The MRU recurrence ``H_t = H_{t-1} X_t`` over ``X: [B, T, H, d, d]``."""
 
     state_keys_ = ("H",)
+    takes_qkv = False  # its input is X: [B, T, H, d, d] (the MRU layer makes it)
 
     def __init__(self, spec: Mapping[str, Any] | None = None, default_strategy: Any = "mru:brent_kung"):
         super().__init__()

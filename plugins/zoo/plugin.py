@@ -54,3 +54,18 @@ def atlas_register(registry):
     registry.add_preset(
         "kda", _knobs("core:l2", "zoo:key_decay_first"),
         summary="Kimi Delta Attention: M' = M Diag(alpha_t), M_t = M' - theta (M' k - v) k^T")
+    # Longhorn (plugins/zoo/longhorn.py), RWKV-7 (plugins/zoo/rwkv7.py), Gated DeltaProduct
+    registry.add("bias", "normalized_l2", f"{_Z}.longhorn:build",
+                 summary="l2 weighted by 1 / (1 + theta |k|^2): Longhorn's / NLMS's normalised step")
+    registry.add_preset(
+        "longhorn", _knobs("zoo:normalized_l2", "core:none"),
+        summary="Longhorn (Liu et al. 2024): M_t = M (I - eps k k^T) + eps v k^T, eps = theta / (1 + theta |k|^2)")
+    registry.add("retention", "rwkv7_transition", f"{_Z}.rwkv7:build",
+                 summary="RWKV-7's transition M (Diag(w) + a b^T), a = -kappa_hat, b = kappa_hat * iclr")
+    registry.add_preset(
+        "rwkv7", _knobs("core:dot", "zoo:rwkv7_transition"),
+        summary="RWKV-7 (generalised delta rule): M_t = M (Diag(w) - kh (kh * iclr)^T) + theta v k^T")
+    registry.add_preset(
+        "gated_delta_product", {**_knobs("core:l2", "zoo:decay_first"), "steps_per_token": 2},
+        summary="Gated DeltaProduct (Siems et al. 2025): decay once, then n = steps_per_token "
+        "delta steps per token (keys, values, theta per step), read after the last")
