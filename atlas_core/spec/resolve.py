@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from ..errors import Issue, SpecError, did_you_mean
 from ..host.registry import Registry, validation_issues
+from .bounds import explain_model_issues, model_size_issues, spec_value_issues
 from .memory import plain, resolve_memory
 from .model import SCHEMA, TOP_LEVEL_KEYS, Spec
 from .toml_io import SpecFileError, load_file, loads
@@ -99,7 +100,7 @@ def resolve_model(table: Mapping[str, Any], reg: Registry, issues: list[Issue]) 
     try:
         params = comp.validate(rest, "model")
     except SpecError as exc:
-        issues.extend(exc.issues)
+        issues.extend(explain_model_issues(exc.issues, rest))
         return None
     return {"arch": comp.name, **(plain(params) if params is not None else {})}
 
@@ -176,6 +177,10 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
     train = _table(data, "train", issues, required=False)
     train_r = resolve_train(train, issues) if train is not None else None
 
+    for section, resolved in (("model", model_r), ("memory", memory_r), ("layer", layer_r),
+                              ("train", train_r)):
+        issues.extend(spec_value_issues(resolved, section))
+    issues.extend(model_size_issues(model_r))
     if issues:
         raise SpecError(issues, source)
     spec = Spec(schema=schema, name=name, model=model_r, memory=memory_r, layer=layer_r,

@@ -19,6 +19,9 @@ from typing import Any, Mapping
 from ..errors import Issue, SpecError
 
 _LOCATION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+# strings (multi-line and literal, possibly unterminated), comments, brackets, and runs of the rest
+_TOKENS = re.compile(r'''"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"[^"\\\n]*(?:\\.[^"\\\n]*)*"?|\'[^\'\n]*\'?'''
+                     r"|#[^\n]*|[{}\[\]]|[^{}\[\]#\"']+", re.S)
 
 
 class SpecFileError(SpecError):
@@ -42,19 +45,62 @@ class SpecFileError(SpecError):
 
 
 # -- reading ----------------------------------------------------------------------------------
+#: Deepest nesting of tables and arrays a spec may use (a resolved spec nests three levels:
+#: ``[memory]`` -> ``algorithm`` -> a knob's params); deeper input is refused before parsing.
+MAX_NESTING = 64
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest nesting of ``{`` / ``[`` brackets outside strings and comments: an upper bound
+    of the nesting the parser would recurse into (a table header counts one level)."""
+    depth = deepest = 0
+    for m in _TOKENS.finditer(text):
+        ch = m.group()
+        if ch in ("{", "["):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ("}", "]"):
+            depth = max(0, depth - 1)
+    return deepest
+
+
 def loads(text: str, source: str = "<string>") -> dict[str, Any]:
-    """Parse TOML text; a syntax error is a `SpecFileError` with line and column."""
+    """Parse TOML text; a syntax error is a `SpecFileError` with line and column.
+
+    Input nested deeper than `MAX_NESTING` is refused before parsing (the parser recurses once
+    per level), and a parser failure of any other kind is a `SpecFileError` too, never a
+    traceback."""
+    if not isinstance(text, str):
+        raise SpecFileError(source, f"expected TOML text, got {type(text).__name__}")
+    if "\x00" in text:
+        at = text.index("\x00")
+        line = text.count("\n", 0, at) + 1
+        raise SpecFileError(source, "invalid TOML: a NUL character", line,
+                            at - (text.rfind("\n", 0, at) + 1) + 1, "a spec is plain text")
+    deepest = _nesting_depth(text)
+    if deepest > MAX_NESTING:
+        raise SpecFileError(source, f"tables or arrays nested {deepest} deep (limit {MAX_NESTING})",
+                            hint="a spec nests a few levels; flatten the value")
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        line = column = None
-        m = _LOCATION.search(msg)
-        if m:
-            line, column = int(m.group(1)), int(m.group(2))
-            msg = msg[: m.start()]
-        msg = msg.replace(" (at end of document)", " at the end of the document")
-        raise SpecFileError(source, f"invalid TOML: {msg}", line, column) from None
+    except RecursionError:
+        raise SpecFileError(source, f"tables or arrays nested too deep (limit {MAX_NESTING})",
+                            hint="a spec nests a few levels; flatten the value") from None
+    except (ValueError, TypeError, OverflowError, MemoryError) as exc:
+        if isinstance(exc, tomllib.TOMLDecodeError):
+            raise _syntax_error(exc, source) from None
+        raise SpecFileError(source, f"invalid TOML: {type(exc).__name__}: {exc}") from None
+
+
+def _syntax_error(exc: tomllib.TOMLDecodeError, source: str) -> SpecFileError:
+    msg = str(exc)
+    line = column = None
+    m = _LOCATION.search(msg)
+    if m:
+        line, column = int(m.group(1)), int(m.group(2))
+        msg = msg[: m.start()]
+    msg = msg.replace(" (at end of document)", " at the end of the document")
+    return SpecFileError(source, f"invalid TOML: {msg}", line, column)
 
 
 def load_file(path: str | Path) -> dict[str, Any]:

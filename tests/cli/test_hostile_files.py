@@ -120,7 +120,7 @@ def files(tmp_path_factory):
     d = forged("spec-huge")
     text = (d / "spec.toml").read_text()
     assert "vocab_size = 16" in text
-    (d / "spec.toml").write_text(text.replace("vocab_size = 16", "vocab_size = 1000000000"))
+    (d / "spec.toml").write_text(text.replace("vocab_size = 16", "vocab_size = 16000000"))
     _remanifest(d)
     ckpts["spec_asks_for_a_huge_model"] = d
     run = root / "unsaved-run"  # a run with no checkpoint yet: --resume reads its log

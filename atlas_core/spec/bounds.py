@@ -1,0 +1,230 @@
+"""Bounds on the sizes a spec may ask for, in one place, and the model-size preflight.
+
+A spec is read from a file anyone can write, so every size in it is bounded before anything is
+built: a depth of ``10**9`` or a width of ``2**64`` is one clear error that names the limit, not a
+builder that hangs or runs out of memory. The limits (`LIMITS`) are far above any model this
+package is meant for and far below what would make building (even on the meta device) slow:
+
+==============  ===========  ================================================================
+kind            limit        used for
+==============  ===========  ================================================================
+``depth``       1,024        blocks of a model
+``mem_depth``   64           layers of a deep (MLP) memory
+``width``       65,536       d_model, per-head key/value sizes, feature dimensions
+``heads``       4,096        memory and attention heads
+``ratio``       256          width multipliers (mlp_ratio, a deep memory's expansion)
+``vocab``       16,777,216   token ids (2**24)
+``seq_len``     1,048,576    tokens per row, attention windows, segments (2**20)
+``chunk``       65,536       tokens per chunk of a parallel form, anchors
+``steps``       10**9        optimizer steps and other step counts
+``batch``       1,048,576    rows per step, evaluation batches
+``iterations``  1,000        inner iterations (Newton-Schulz steps, polynomial degrees)
+``kernel``      1,024        convolution taps
+==============  ===========  ================================================================
+
+Params models declare a size with `size_field` (pydantic then refuses a value above the limit:
+"Input should be less than or equal to 1024"). Whatever a model declares, `spec_value_issues`
+refuses in every resolved section an integer beyond ``2**53`` (no size or count is that large,
+and a float could not hold it) and a non-finite float (``inf``, ``nan``), which the params base
+class (`atlas_core.host.registry.Params`) already refuses field by field.
+
+`estimate_params` and `check_model_size` are the parameter-count preflight: the count of the
+model a spec describes, extrapolated from builds of one and two blocks on the meta device, and a
+`SpecError` when it exceeds `MAX_PARAMS` (10**10 parameters, 40 GB in float32). The spec
+resolver checks a closed-form estimate of the blocks (`lm_estimate`) so that ``model.depth =
+10**9`` is refused when the spec is read; ``atlas build`` and ``atlas spec validate`` run the
+full preflight before they instantiate anything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Mapping
+
+from pydantic import Field
+
+from ..errors import Issue, SpecError
+
+LIMITS: dict[str, int] = {
+    "depth": 1024,
+    "mem_depth": 64,
+    "width": 65536,
+    "heads": 4096,
+    "ratio": 256,
+    "vocab": 1 << 24,
+    "seq_len": 1 << 20,
+    "chunk": 65536,
+    "steps": 10**9,
+    "batch": 1 << 20,
+    "iterations": 1000,
+    "kernel": 1024,
+}
+MAX_PARAMS = 10**10
+MAX_INT = 1 << 53
+#: The block count at which the preflight extrapolates instead of building every block.
+_EXTRAPOLATE_ABOVE = 2
+
+
+def limit(kind: str) -> int:
+    """The upper bound of a size of ``kind`` (see `LIMITS`)."""
+    return LIMITS[kind]
+
+
+def size_field(default: Any, kind: str, *, ge: int | float | None = 1, **kwargs: Any) -> Any:
+    """A pydantic ``Field`` for a size of ``kind``: at least ``ge`` and at most ``limit(kind)``.
+
+    ``size_field(2, "depth", description="number of blocks")`` is
+    ``Field(2, ge=1, le=1024, description=...)``. A float kind (``ratio``) takes ``gt`` instead
+    of ``ge`` through ``kwargs``."""
+    if "gt" in kwargs:
+        ge = None
+    return Field(default, ge=ge, le=LIMITS[kind], **kwargs)
+
+
+# -- every value of a resolved section ----------------------------------------------------------
+def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def spec_value_issues(section: Any, path: str) -> list[Issue]:
+    """An `Issue` for each non-finite float and each integer beyond ``2**53`` in ``section``."""
+    issues = []
+    for where, v in _leaves(section, path):
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            issues.append(Issue(where, "must be a finite number", v, "write a finite value"))
+        elif isinstance(v, int) and abs(v) > MAX_INT:
+            issues.append(Issue(where, f"is too large: no size or count here may exceed 2**53",
+                                _short(v)))
+    return issues
+
+
+def _short(v: int) -> Any:
+    return v if abs(v) < 10**30 else f"{float(v):.3e}"
+
+
+# -- parameter count ----------------------------------------------------------------------------
+def lm_estimate(model: Mapping[str, Any]) -> tuple[float, str] | None:
+    """A closed-form estimate of the parameters of a language model's ``[model]`` table (the
+    embedding and, per block, the MLP and the memory layer's four d_model x d_model projections)
+    and the key that dominates it; None when the table has no ``d_model``/``depth``."""
+    model = {"depth": 2, "mlp_ratio": 4.0, **model}
+    try:
+        d = float(model["d_model"])
+        depth = float(model.get("depth", 1))
+        vocab = float(model.get("vocab_size", 0))
+        ratio = float(model.get("mlp_ratio", 4.0))
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    embed = vocab * d * (1 if model.get("tie_embeddings", True) else 2)
+    block = d * d * (4.0 + 2.0 * ratio)
+    total = embed + depth * block
+    key = "depth" if depth * block >= embed else "vocab_size"
+    if key == "depth" and depth <= 64:
+        key = "d_model"
+    return total, key
+
+
+def _sci(x: float) -> str:
+    """``3.1e12`` for 3.1e+12 (two significant digits)."""
+    mant, _, exp = f"{x:.1e}".partition("e")
+    return f"{mant.removesuffix('.0')}e{int(exp)}"
+
+
+def too_big_issue(total: float, path: str, value: Any, limit_params: int = MAX_PARAMS) -> Issue:
+    return Issue(path, f"the model would have ~{_sci(total)} parameters (limit {_sci(limit_params)}"
+                       f", {_sci(4 * limit_params)} bytes in float32)", value, "choose smaller sizes")
+
+
+def model_size_issues(model: Mapping[str, Any] | None) -> list[Issue]:
+    """The resolver's check: the closed-form estimate of ``[model]`` over `MAX_PARAMS`."""
+    if not isinstance(model, Mapping):
+        return []
+    found = lm_estimate(model)
+    if found is None or found[0] <= MAX_PARAMS:
+        return []
+    total, key = found
+    return [too_big_issue(total, f"model.{key}", model.get(key))]
+
+
+_MODEL_SIZE_KEYS = {"depth": "depth", "d_model": "width", "vocab_size": "vocab", "heads": "heads",
+                    "mlp_ratio": "ratio"}
+
+
+def explain_model_issues(issues: list[Issue], table: Mapping[str, Any]) -> list[Issue]:
+    """Model-size issues (a ``[model]`` size above its limit) with the parameter count the
+    sizes as written would give: ``model.depth: above the limit 1024 blocks; the model would have
+    ~3.1e12 parameters (limit 1e10) (got 1000000000)``."""
+    out = []
+    for issue in issues:
+        key = issue.path.removeprefix("model.")
+        kind = _MODEL_SIZE_KEYS.get(key)
+        if kind and issue.message.startswith("Input should be less than or equal"):
+            found = lm_estimate({k: v for k, v in table.items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            count = (f"; the model would have ~{_sci(found[0])} parameters (limit "
+                     f"{_sci(MAX_PARAMS)})") if found and math.isfinite(found[0]) else ""
+            issue = Issue(issue.path, f"is above the limit {LIMITS[kind]}{count}", issue.value,
+                          "choose a smaller size")
+        out.append(issue)
+    return out
+
+
+def _count(spec_data: dict[str, Any], registry: Any) -> int:
+    import torch
+
+    from ..model import build_model
+
+    with torch.device("meta"):
+        model = build_model(spec_data, registry=registry)
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate_params(spec: Any, registry: Any = None) -> int:
+    """The number of parameters of the model ``spec`` (a resolved `Spec`) describes.
+
+    A model of at most two blocks (or without a ``depth``) is built on the meta device and
+    counted. A deeper one is counted from builds of one and two blocks: the part outside the
+    blocks, a memory block and (when ``memory_layers`` names only some blocks) a plain one, then
+    ``outside + memory blocks * memory block + other blocks * plain block``."""
+    data = spec.to_dict()
+    data.pop("train", None)
+    model = data["model"]
+    depth = model.get("depth")
+    if not isinstance(depth, int) or depth <= _EXTRAPOLATE_ABOVE:
+        return _count(data, registry)
+
+    def variant(n: int, layers: list[int] | None) -> int:
+        d = {**data, "model": {**model, "depth": n}}
+        if "memory_layers" in model:
+            d["model"]["memory_layers"] = layers
+        return _count(d, registry)
+
+    one, two = variant(1, None), variant(2, None)
+    mem_block = two - one
+    outside = one - mem_block
+    layers = model.get("memory_layers")
+    if layers is None:
+        return outside + depth * mem_block
+    plain_block = variant(2, [1]) - one
+    n_mem = len(layers)
+    return outside + n_mem * mem_block + (depth - n_mem) * plain_block
+
+
+def check_model_size(spec: Any, registry: Any = None, limit_params: int = MAX_PARAMS) -> int:
+    """`estimate_params`, or a `SpecError` when it exceeds ``limit_params``."""
+    total = estimate_params(spec, registry)
+    if total > limit_params:
+        model = spec.model
+        key = "depth" if isinstance(model.get("depth"), int) and model["depth"] > 64 else "d_model"
+        raise SpecError([too_big_issue(float(total), f"model.{key}", model.get(key), limit_params)],
+                        spec.source)
+    return total
