@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import Field
+from .spec.bounds import size_field
 from torch import nn
 
 from .errors import Issue, SpecError, did_you_mean
@@ -71,9 +72,9 @@ def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Is
 
 
 class LayerParams(Params):
-    d_key: int | None = Field(None, ge=1, description="per-head key size (default d_model / heads)")
-    d_value: int | None = Field(None, ge=1, description="per-head value size (default d_key)")
-    conv_size: int = Field(4, ge=0, description="short causal depthwise conv kernel; 0 or 1 disables")
+    d_key: int | None = size_field(None, "width", ge=1, description="per-head key size (default d_model / heads)")
+    d_value: int | None = size_field(None, "width", ge=1, description="per-head value size (default d_key)")
+    conv_size: int = size_field(4, "kernel", ge=0, description="short causal depthwise conv kernel; 0 or 1 disables")
     qkv_activation: Literal["silu", "none"] = "silu"
     qk_norm: bool = Field(True, description="l2-normalise q and k per head")
     output_norm: bool = Field(True, description="RMS-normalise each head's output")

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
+from .spec.bounds import size_field
 from torch import nn
 
 from .errors import Issue, SpecError
@@ -36,11 +37,11 @@ from .model import MemoryLM
 
 
 class LMParams(Params):
-    vocab_size: int = Field(..., ge=2, description="number of token ids")
-    d_model: int = Field(..., ge=1, description="embedding size")
-    depth: int = Field(2, ge=1, description="number of blocks")
-    heads: int = Field(4, ge=1, description="memory heads (d_key defaults to d_model / heads)")
-    mlp_ratio: float = Field(4.0, gt=0, description="MLP hidden size = mlp_ratio * d_model")
+    vocab_size: int = size_field(..., "vocab", ge=2, description="number of token ids")
+    d_model: int = size_field(..., "width", ge=1, description="embedding size")
+    depth: int = size_field(2, "depth", ge=1, description="number of blocks")
+    heads: int = size_field(4, "heads", ge=1, description="memory heads (d_key defaults to d_model / heads)")
+    mlp_ratio: float = size_field(4.0, "ratio", gt=0, description="MLP hidden size = mlp_ratio * d_model")
     memory_layers: list[int] | None = Field(
         None, description="block numbers (1-based) that carry memory; absent = every block"
     )

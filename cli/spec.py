@@ -7,7 +7,8 @@ Validation resolves the spec (which builds the memory rule without sizes to run 
 check), then builds the model on the ``meta`` device (shapes only, no memory) so that the checks an
 architecture makes when it is built are reported too: a memory rule it cannot host, sizes a layer
 refuses (an MRU head size that is not a perfect square, a deep memory whose residual cannot add).
-A spec that validates therefore builds. It imports torch but no kernels.
+A spec that validates therefore builds. Sizes are bounded (`atlas_core.spec.bounds`), and the
+parameter count is checked before the model is built. It imports torch but no kernels.
 """
 
 from __future__ import annotations
@@ -68,11 +69,14 @@ def validate_file(path: str, overrides: list | None = None) -> dict[str, Any]:
 
 
 def _build_on_meta(spec) -> None:
-    """Build the model without allocating memory: the architecture's own checks run."""
+    """Build the model without allocating memory: the architecture's own checks run (after the
+    parameter-count preflight, so that an enormous model is refused before it is built)."""
     import torch
 
     from atlas_core.model import build_model
+    from atlas_core.spec.bounds import check_model_size
 
+    check_model_size(spec)
     with torch.device("meta"):
         build_model(spec)
 

@@ -374,6 +374,8 @@ class Registry:
         if kind not in KINDS:
             raise ValueError(f"unknown kind {kind!r}; kinds are {', '.join(KINDS)}")
         table = self._items[kind]
+        if not isinstance(name, str):  # a spec's list or table where a name goes
+            raise SpecError([Issue(path or kind, f"must be a {kind} name 'ns:name'", name)])
         if name in table:
             return table[name]
         if ":" not in name:

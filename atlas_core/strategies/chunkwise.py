@@ -37,6 +37,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from ..spec.bounds import size_field
 
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
@@ -48,8 +49,7 @@ MAX_DEFAULT_CHUNK = 64
 
 
 class ChunkwiseParams(Params):
-    chunk_size: int | None = Field(
-        None, ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: the "
+    chunk_size: int | None = size_field(None, "chunk", ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: the "
         f"largest divisor of the anchor up to {MAX_DEFAULT_CHUNK}",
     )
     backend: str | None = Field(

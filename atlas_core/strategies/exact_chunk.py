@@ -75,6 +75,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from ..spec.bounds import size_field
 
 from ..host.registry import Params
 from ..knobs.retention import Retention
@@ -84,8 +85,7 @@ from .key_decay_chunk import run_key_decay
 
 
 class ExactChunkParams(Params):
-    chunk_size: int = Field(
-        32, ge=1, description="tokens per chunk (C); the result is exact for any C (16 to 32 is "
+    chunk_size: int = size_field(32, "chunk", ge=1, description="tokens per chunk (C); the result is exact for any C (16 to 32 is "
         "fastest on a CPU at head size 64: docs/benchmarks.md)")
 
 

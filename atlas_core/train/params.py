@@ -37,6 +37,7 @@ import math
 from typing import Any, Literal, Mapping
 
 from pydantic import Field, ValidationError, field_validator, model_validator
+from ..spec.bounds import size_field
 
 from ..errors import Issue, SpecError, did_you_mean
 from ..host.registry import Params, split_use
@@ -46,21 +47,21 @@ class TrainParams(Params):
     """The trainer's options (see the module docstring for the TOML form)."""
 
     task: Any = Field("mqar", description="task name or {use = name, ...task params}")
-    steps: int = Field(1000, ge=1, description="optimizer steps in the whole run")
-    batch_size: int = Field(32, ge=1, description="rows per step (the global batch)")
-    seq_len: int | None = Field(None, ge=2, description="overrides the task's seq_len when set")
+    steps: int = size_field(1000, "steps", ge=1, description="optimizer steps in the whole run")
+    batch_size: int = size_field(32, "batch", ge=1, description="rows per step (the global batch)")
+    seq_len: int | None = size_field(None, "seq_len", ge=2, description="overrides the task's seq_len when set")
     lr: float = Field(3e-3, gt=0, description="AdamW peak learning rate")
     betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], description="AdamW betas")
     eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     weight_decay: float = Field(0.1, ge=0, description="AdamW decoupled weight decay")
-    warmup_steps: int = Field(100, ge=0, description="linear warm-up steps")
+    warmup_steps: int = size_field(100, "steps", ge=0, description="linear warm-up steps")
     min_lr: float = Field(3e-4, ge=0, description="learning rate at the end of the cosine")
     grad_clip: float = Field(1.0, ge=0, description="max global gradient norm; 0 disables")
-    eval_every: int = Field(100, ge=0, description="evaluate every N steps; 0: only at the end")
-    eval_batches: int = Field(4, ge=1, description="batches per evaluation")
-    log_every: int = Field(10, ge=1, description="write a train record every N steps")
-    checkpoint_every: int = Field(0, ge=0, description="checkpoint every N steps; 0: at the end")
-    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept in a run")
+    eval_every: int = size_field(100, "steps", ge=0, description="evaluate every N steps; 0: only at the end")
+    eval_batches: int = size_field(4, "batch", ge=1, description="batches per evaluation")
+    log_every: int = size_field(10, "steps", ge=1, description="write a train record every N steps")
+    checkpoint_every: int = size_field(0, "steps", ge=0, description="checkpoint every N steps; 0: at the end")
+    keep_checkpoints: int = size_field(2, "steps", ge=1, description="complete checkpoints kept in a run")
     seed: int = Field(0, ge=0, description="seeds the model init and the data")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train")
 

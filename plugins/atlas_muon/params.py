@@ -6,8 +6,10 @@ Kept free of torch so that validating a spec (``atlas spec validate``) stays che
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 from pydantic import Field, field_validator
+from atlas_core.spec.bounds import size_field
 
 from atlas_core.host.registry import Params
 
@@ -17,14 +19,14 @@ DEFAULT_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 class MuonParams(Params):
     """Parameters of ``atlas_muon:muon``."""
 
-    ns_steps: int = Field(
-        5,
+    ns_steps: int = size_field(5, "iterations",
         ge=0,
         strict=True,  # an integer, not `true` or 2.5
         description="Newton-Schulz iterations k; 0 skips orthogonalisation (the update is then "
         "the Frobenius-normalised momentum Z / ||Z||_F)",
     )
-    coefficients: tuple[float, ...] = Field(
+    # inf/nan reach `_three_finite`, whose message names the default quintic
+    coefficients: tuple[Annotated[float, Field(allow_inf_nan=True)], ...] = Field(
         DEFAULT_COEFFICIENTS,
         description="(a, b, c) of the quintic X <- a X + (b A + c A^2) X, A = X X^T (Muon's default)",
     )
@@ -48,8 +50,7 @@ class MuonParams(Params):
 class AtlasParallelParams(Params):
     """Parameters of ``atlas_muon:atlas_parallel``."""
 
-    chunk_size: int | None = Field(
-        None, ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: "
+    chunk_size: int | None = size_field(None, "chunk", ge=1, description="tokens per chunk (C); must divide the rule's anchor; default: "
         "the largest divisor of the anchor up to 64",
     )
     checkpoint: bool = Field(

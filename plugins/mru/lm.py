@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
+from atlas_core.spec.bounds import size_field
 from torch import nn
 
 from atlas_core.errors import Issue, SpecError
@@ -27,11 +28,11 @@ from .layer import MRULayer, matrix_order
 
 
 class MRULMParams(Params):
-    vocab_size: int = Field(..., ge=1, description="number of token ids")
-    d_model: int = Field(..., ge=1, description="embedding size; d_model / heads must be a perfect square")
-    depth: int = Field(..., ge=1, description="number of blocks")
-    heads: int = Field(..., ge=1, description="MRU heads; each head is a sqrt(d_model/heads)-order matrix")
-    mlp_ratio: float = Field(4.0, gt=0, description="MLP hidden size = mlp_ratio * d_model")
+    vocab_size: int = size_field(..., "vocab", ge=1, description="number of token ids")
+    d_model: int = size_field(..., "width", ge=1, description="embedding size; d_model / heads must be a perfect square")
+    depth: int = size_field(..., "depth", ge=1, description="number of blocks")
+    heads: int = size_field(..., "heads", ge=1, description="MRU heads; each head is a sqrt(d_model/heads)-order matrix")
+    mlp_ratio: float = size_field(4.0, "ratio", gt=0, description="MLP hidden size = mlp_ratio * d_model")
     tie_embeddings: bool = Field(True, description="share the embedding matrix with the output head")
     init_scale: float = Field(0.0, ge=0, description="std scale of W_in; 0 starts every X_t at I")
 

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from einops import rearrange
 from pydantic import Field, ValidationInfo, field_validator
+from atlas_core.spec.bounds import size_field
 from torch import nn
 
 from atlas_core.host.registry import Params
@@ -38,12 +39,11 @@ class PolyParams(Params):
     mode: Literal["elementwise", "tensor"] = Field(
         "elementwise", description="'elementwise' (sum of powers) or 'tensor' (projected Kronecker powers)"
     )
-    degree: int = Field(2, ge=1, description="g: the highest power (>= 1)")
+    degree: int = size_field(2, "iterations", ge=1, description="g: the highest power (>= 1)")
     coefficients: Literal["learned", "fixed"] = Field(
         "learned", description="elementwise mode: learned a_i (init 1/i!) or fixed a_i = 1"
     )
-    dim: int | None = Field(
-        None, ge=1, validate_default=True,
+    dim: int | None = size_field(None, "width", ge=1, validate_default=True,
         description="tensor mode: the output size Dphi of the projection (required there)",
     )
     projection: Literal["learned", "fixed"] = Field(

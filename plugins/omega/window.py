@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
+from atlas_core.spec.bounds import size_field
 
 from atlas_core.errors import Issue, SpecError
 from atlas_core.host.registry import Params
@@ -51,7 +52,7 @@ GammaMode = Literal["gate", "uniform", "decay"]
 class WindowParams(Params):
     """Parameters of ``omega:window``."""
 
-    window: int = Field(8, ge=1, description="c: how many recent tokens the loss covers (c >= 1)")
+    window: int = size_field(8, "seq_len", ge=1, description="c: how many recent tokens the loss covers (c >= 1)")
     inner: str | dict[str, Any] = Field(
         "core:l2", description="the per-token bias l_i: a bias name or {use = ..., ...params}"
     )

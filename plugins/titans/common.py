@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from pydantic import Field, field_validator, ValidationInfo
+from atlas_core.spec.bounds import size_field
 from torch import nn
 
 from atlas_core.host.registry import Params
@@ -26,9 +27,8 @@ TitansLM = LanguageModel  # the Titans architectures are language models of the 
 
 
 class _AttentionParams(LMParams):
-    window: int = Field(64, ge=1, description="sliding-window attention: keys per query")
-    attn_heads: int | None = Field(
-        None, ge=1, validate_default=True, description="attention heads (default: heads)"
+    window: int = size_field(64, "seq_len", ge=1, description="sliding-window attention: keys per query")
+    attn_heads: int | None = size_field(None, "heads", ge=1, validate_default=True, description="attention heads (default: heads)"
     )
     rotary_base: float = Field(10000.0, gt=0, description="rotary position base")
 
@@ -57,8 +57,7 @@ def _persistent_at_most(v: int, info: ValidationInfo, limit_name: str) -> int:
 class HybridParams(_AttentionParams):
     """Params of titans:mag and titans:mal."""
 
-    persistent_tokens: int = Field(
-        4, ge=0, description="learned input-independent tokens prefixed to every attention"
+    persistent_tokens: int = size_field(4, "seq_len", ge=0, description="learned input-independent tokens prefixed to every attention"
     )
 
     @field_validator("persistent_tokens")

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import Field, ValidationInfo, field_validator
+from atlas_core.spec.bounds import size_field
 from torch import nn
 
 from .attention import AttentionBlock, SlidingWindowAttention, band_mask
@@ -40,9 +41,8 @@ from .common import (BranchGate, FeedForward, TitansLM, _AttentionParams, _persi
 
 
 class MACParams(_AttentionParams):
-    segment_size: int = Field(64, ge=1, description="tokens per segment (C)")
-    persistent_tokens: int = Field(
-        4, ge=0, description="learned input-independent tokens prefixed to every attention"
+    segment_size: int = size_field(64, "seq_len", ge=1, description="tokens per segment (C)")
+    persistent_tokens: int = size_field(4, "seq_len", ge=0, description="learned input-independent tokens prefixed to every attention"
     )
 
     @field_validator("persistent_tokens")

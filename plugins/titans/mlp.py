@@ -41,6 +41,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from atlas_core.spec.bounds import size_field
 from torch import nn
 
 from atlas_core.errors import Issue, SpecError
@@ -51,8 +52,8 @@ _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "tanh": torch.tanh}
 
 
 class MLPParams(Params):
-    depth: int = Field(2, ge=1, description="number of weight matrices (1 = a linear map)")
-    expansion: float = Field(4.0, gt=0, description="hidden width = round(expansion * Dphi)")
+    depth: int = size_field(2, "mem_depth", ge=1, description="number of weight matrices (1 = a linear map)")
+    expansion: float = size_field(4.0, "ratio", gt=0, description="hidden width = round(expansion * Dphi)")
     activation: Literal["silu", "gelu", "tanh"] = Field("silu", description="hidden nonlinearity")
     residual: bool = Field(True, description="add x to the output (needs Dv == Dphi)")
 

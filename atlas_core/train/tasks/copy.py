@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
+from ...spec.bounds import size_field
 
 from ...host.registry import Params
 from .base import IGNORE_INDEX, Task
@@ -25,10 +26,9 @@ SEP = 1
 
 
 class CopyParams(Params):
-    vocab_size: int = Field(16, ge=3, description="V: 0 = pad, 1 = separator, [2, V) data")
-    seq_len: int = Field(128, ge=2, description="T, tokens per row")
-    copy_len: int | None = Field(
-        None, ge=1, description="L, tokens to copy; default (none) uses seq_len // 2"
+    vocab_size: int = size_field(16, "vocab", ge=3, description="V: 0 = pad, 1 = separator, [2, V) data")
+    seq_len: int = size_field(128, "seq_len", ge=2, description="T, tokens per row")
+    copy_len: int | None = size_field(None, "seq_len", ge=1, description="L, tokens to copy; default (none) uses seq_len // 2"
     )
 
     @field_validator("copy_len")

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
+from ...spec.bounds import size_field
 
 from ...host.registry import Params
 from .base import IGNORE_INDEX, Task, distinct_ints
 
 
 class MQARParams(Params):
-    vocab_size: int = Field(8192, ge=4, description="V: keys from [1, V/2), values from [V/2, V)")
-    seq_len: int = Field(256, ge=4, description="T, tokens per row")
-    num_pairs: int = Field(16, ge=1, description="N, key-value pairs per row (num_kv_pairs)")
+    vocab_size: int = size_field(8192, "vocab", ge=4, description="V: keys from [1, V/2), values from [V/2, V)")
+    seq_len: int = size_field(256, "seq_len", ge=4, description="T, tokens per row")
+    num_pairs: int = size_field(16, "seq_len", ge=1, description="N, key-value pairs per row (num_kv_pairs)")
     power_a: float = Field(0.01, gt=0.0, le=1.0, description="power-law exponent of query gaps")
     noise: bool = Field(True, description="fill unused positions with random tokens, not pad 0")
 

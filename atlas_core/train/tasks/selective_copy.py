@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
+from ...spec.bounds import size_field
 
 from ...host.registry import Params
 from .base import IGNORE_INDEX, Task, distinct_ints
@@ -28,11 +29,10 @@ NOISE = 2
 
 
 class SelectiveCopyParams(Params):
-    vocab_size: int = Field(16, ge=4, description="V: 0 pad, 1 separator, 2 noise, [3, V) data")
-    seq_len: int = Field(256, ge=2, description="T, tokens per row")
-    num_tokens: int = Field(16, ge=1, description="N, data tokens scattered in the span")
-    span_len: int | None = Field(
-        None, ge=1, description="S, length of the noisy span; default (none) is seq_len - N"
+    vocab_size: int = size_field(16, "vocab", ge=4, description="V: 0 pad, 1 separator, 2 noise, [3, V) data")
+    seq_len: int = size_field(256, "seq_len", ge=2, description="T, tokens per row")
+    num_tokens: int = size_field(16, "seq_len", ge=1, description="N, data tokens scattered in the span")
+    span_len: int | None = size_field(None, "seq_len", ge=1, description="S, length of the noisy span; default (none) is seq_len - N"
     )
 
     @field_validator("num_tokens")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
+from ...spec.bounds import size_field
 
 from ...host.registry import Params
 from .base import IGNORE_INDEX, Task
@@ -34,9 +35,9 @@ QUERY = 1
 
 
 class SNIAHParams(Params):
-    vocab_size: int = Field(256, ge=5, description="V: QUERY, then keys, values, filler ranges")
-    seq_len: int = Field(1024, ge=4, description="T, the context length (tokens per row)")
-    value_len: int = Field(1, ge=1, description="n, value tokens in the needle and the answer")
+    vocab_size: int = size_field(256, "vocab", ge=5, description="V: QUERY, then keys, values, filler ranges")
+    seq_len: int = size_field(1024, "seq_len", ge=4, description="T, the context length (tokens per row)")
+    value_len: int = size_field(1, "seq_len", ge=1, description="n, value tokens in the needle and the answer")
     depth: float | None = Field(
         None, ge=0.0, le=1.0, description="needle depth in [0, 1]; none draws it uniformly"
     )

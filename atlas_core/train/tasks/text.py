@@ -31,6 +31,7 @@ from typing import Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
+from ...spec.bounds import size_field
 
 from ...host.registry import Params
 from .base import Task, TaskDataError, TaskFileNotFoundError
@@ -52,7 +53,7 @@ class TextParams(Params):
         "else text (one document)")
     text_field: str = Field("text", min_length=1,
                             description="jsonl/parquet: the field that holds each document")
-    seq_len: int = Field(256, ge=1, description="T, tokens per window")
+    seq_len: int = size_field(256, "seq_len", ge=1, description="T, tokens per window")
     split: Literal["train", "val", "all"] = Field("train", description="which part of the file")
     val_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the file held out")
     encoding: str = Field("utf-8", min_length=1, description="text encoding in char mode")
