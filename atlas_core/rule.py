@@ -21,7 +21,8 @@ A rule is a pure function of explicit tensors (docs/math.md, "Shapes and names")
 The strategy is resolved once per strategy value and cached on the rule (`Rule.runner`): a call
 makes no registry lookup and no ``supports()`` check after the first one with that value.
 
-Half-precision inputs are computed in float32 (outputs are cast back; the state stays float32).
+Half-precision inputs are computed in float32 (outputs are cast back; the state stays float32);
+under ``torch.autocast`` a rule call runs with autocast off, so its inner loop stays float32 too.
 """
 
 from __future__ import annotations
@@ -156,6 +157,16 @@ class Rule(nn.Module):
         if input_checks.wanted(check_inputs):  # opt-in: ATLAS_CHECK_INPUTS=1 or check_inputs=True
             input_checks.check_values(self, args, kwargs)
         strat = self.runner(strategy)
+        device = next((a.device.type for a in (*args, *kwargs.values())
+                       if isinstance(a, torch.Tensor)), None)
+        if device is not None and torch.is_autocast_enabled(device):
+            # under autocast (train.precision = "bf16") the memory stays float32: its state,
+            # inner loop and readout run with autocast off; the output returns in the input dtype
+            with torch.autocast(device, enabled=False):
+                return self._run(strat, args, kwargs)
+        return self._run(strat, args, kwargs)
+
+    def _run(self, strat, args, kwargs):
         inputs = self.prepare(*args, **kwargs)
         out = self.reference(inputs) if self.single_step(inputs) else strat.run(self, inputs)
         return self.finish(inputs, out)

@@ -6,7 +6,14 @@ Every line of ``metrics.jsonl`` is one JSON object with ``"kind"``:
   global batch), ``lr``, ``grad_norm`` (before clipping), ``tokens_per_s``, ``elapsed_s``;
 - ``"eval"``: ``step``, ``loss``, ``accuracy`` (argmax over the counted targets), ``perplexity``,
   ``tokens`` (counted targets evaluated);
-- ``"run"``: start / resume / interrupt / end markers with the step.
+- ``"run"``: start / resume / interrupt / end markers with the step; ``"first_step"`` with
+  ``seconds`` (the first optimizer step, which pays torch.compile's compilation with
+  ``compile = true``) and ``compiled``; ``"estimate"`` with ``projected_s`` (the whole run's
+  projected duration, from the steps after the first).
+
+Alongside the log, the trainer prints lines a person reads on stderr (the same whether or not
+stderr is a terminal; the progress bar only on a terminal): `start_line`, `eval_line`,
+`estimate_line` (a warning when the run is projected to take over `LONG_RUN_S`) and `end_line`.
 
 Resuming from step ``s`` first drops the records after ``s`` (they belong to steps that the resumed
 run will redo), so the log reads as one uninterrupted run.
@@ -21,6 +28,51 @@ from typing import Any, Iterable
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
+LONG_RUN_S = 30 * 60  # a projected run longer than this gets a warning at its start
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
+    s = int(round(max(seconds, 0.0)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
+
+def start_line(run_dir: Any, params: int, device: str, start: int, steps: int, batch: int,
+               seq_len: int, precision: str = "fp32", compiled: bool = False) -> str:
+    """The first line of a run: where it goes, how big it is, what it will do."""
+    what = f"steps {start + 1}-{steps} of {steps}" if start else f"{steps} steps"
+    extra = f", {precision}" + (", torch.compile" if compiled else "")
+    return (f"train: run {run_dir}, {params:,} parameters on {device}{extra}; {what} of "
+            f"{batch} x {seq_len} tokens")
+
+
+def eval_line(step: int, steps: int, result: dict[str, Any], train_loss: float | None,
+              elapsed_s: float) -> str:
+    """One evaluation: the step, the last train loss and every metric."""
+    train = f"train loss {train_loss:.4f}, " if train_loss is not None else ""
+    return (f"step {step}/{steps}: {train}eval loss {result['loss']:.4f}, accuracy "
+            f"{result['accuracy']:.4f}, perplexity {result['perplexity']:.3f} "
+            f"({duration(elapsed_s)} elapsed)")
+
+
+def estimate_line(projected_s: float, seconds_per_step: float, tokens_per_s: float,
+                  remaining: int) -> str:
+    """The warning printed when the projected run is long (see `LONG_RUN_S`)."""
+    return (f"warning: this run is projected to take {duration(projected_s)} ({remaining:,} "
+            f"steps left at {seconds_per_step:.2f} s/step, {tokens_per_s:,.0f} tokens/s); "
+            "lower --steps or train a smaller spec (each examples/*.toml states its cost)")
+
+
+def end_line(result: dict[str, Any]) -> str:
+    """The summary of a finished run."""
+    return (f"done: {result['steps']} steps in {duration(result['time_s'])}, "
+            f"{result['tokens_per_s']:,.0f} tokens/s; accuracy {result['accuracy']:.4f}, eval "
+            f"loss {result['eval_loss']:.4f}, perplexity {result['perplexity']:.3f}; "
+            f"checkpoint {result['checkpoint']}")
 
 
 class MetricsLog:

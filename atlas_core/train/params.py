@@ -17,6 +17,8 @@ log_every = 10
 checkpoint_every = 0           # 0: checkpoint only at the end (and on Ctrl-C)
 seed = 0
 device = "auto"                # auto | cpu | cuda
+precision = "fp32"             # fp32 | bf16 (autocast; weights, optimiser and memory state fp32)
+compile = false                # torch.compile the model (first steps pay the compilation)
 ```
 
 The task is a registered component of kind ``task`` (``core:mqar``, ``core:copy``,
@@ -64,6 +66,11 @@ class TrainParams(Params):
     keep_checkpoints: int = size_field(2, "steps", ge=1, description="complete checkpoints kept in a run")
     seed: int = Field(0, ge=0, description="seeds the model init and the data")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="fp32, or bf16 autocast of the model's matmuls (weights, optimiser "
+        "and the memory's state and inner loop stay fp32)")
+    compile: bool = Field(False, description="torch.compile the model before training",
+                          strict=True)
 
     @field_validator("betas")
     @classmethod

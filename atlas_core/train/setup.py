@@ -10,6 +10,9 @@ Rules:
 - without a spec, ``atlas train`` uses the embedded default (`DEFAULT_SPEC`, a small MQAR run), or,
   with ``--resume``, the spec saved in the checkpoint, unless its task reads a file (a text task's
   ``path``): a checkpoint cannot choose which local files are read, so that resume takes a SPEC;
+- ``compile = true`` on the CPU needs a C++ compiler (torch.compile's CPU code generator builds C++):
+  without one on PATH (``$CXX``, ``g++``, ``c++``, ``clang++``) the plan is refused with one
+  error naming ``train.compile``;
 - ``--steps``, ``--seed``, ``--device`` override ``[train]`` and are saved in the resolved spec;
 - resuming with a spec requires the same model (``model``, ``memory``, ``layer``: the
   `arch_hash`); the ``[train]`` table may differ (e.g. more steps);
@@ -102,6 +105,29 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+CXX_NAMES = ("g++", "c++", "clang++")
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler torch.compile would use on the CPU (``$CXX`` first), or None."""
+    import os
+    import shutil
+
+    for name in (os.environ.get("CXX"), *CXX_NAMES):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def check_compile(params: TrainParams, device: str) -> None:
+    """Refuse ``compile = true`` where torch.compile cannot build code (see the module doc)."""
+    if params.compile and device == "cpu" and cpp_compiler() is None:
+        raise SpecError([Issue(
+            "train.compile", "torch.compile on the CPU needs a C++ compiler and none was found "
+            f"on PATH (looked for $CXX, {', '.join(CXX_NAMES)})", True,
+            "install one (e.g. apt-get install g++) or set compile = false")])
+
+
 def _load(source: str | dict | None):
     from ..spec import load_spec
 
@@ -191,6 +217,7 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
         spec = _with_train(spec, train)
     params = train_params(spec.train)
     device = resolve_device(params.device)
+    check_compile(params, device)
     if params.batch_size % world:
         raise SpecError([Issue("train.batch_size", f"must be divisible by the {world} processes "
                                "(each takes an equal share of the global batch)", params.batch_size,

@@ -12,6 +12,21 @@ Every ``log_every`` steps a ``train`` record goes to ``metrics.jsonl``; every ``
 (and at the end) an ``eval`` record (`evaluate`); every ``checkpoint_every`` steps (and at the end)
 a checkpoint. At the end the curve is drawn (``curve.png``) and the result returned.
 
+Precision and compilation (``[train] precision``, ``compile``): ``"bf16"`` runs the training
+forward pass under ``torch.autocast(dtype=torch.bfloat16)`` on the run's device; the weights, the
+gradients and AdamW's state stay float32, the loss is computed in float32, and every memory rule
+call runs with autocast off (`atlas_core.rule.Rule.forward`), so the memory's state and inner loop
+stay float32. ``compile = true`` trains through ``torch.compile(model)`` (the same parameters;
+checkpoints hold the plain model's weights); compiled code is cached under
+``TORCHINDUCTOR_CACHE_DIR`` (default: ``~/.cache/atlas-memory/torch-compile``), and the first
+step, which pays the compilation, is timed on stderr and in ``metrics.jsonl``. Evaluations run the
+plain model in float32 in both cases.
+
+What a person reads on stderr (rank 0; the same lines whether or not stderr is a terminal, the
+progress bar only on a terminal): one start line (run directory, parameters, device, steps), a
+warning when the run is projected to take over half an hour (estimated from the first steps),
+one line per evaluation, and one summary line (see `metrics`).
+
 Ctrl-C: the first SIGINT asks the loop to stop after the current step (all processes agree on
 the step), a checkpoint of that step is saved and `TrainingInterrupted` raised; the CLI prints one
 line and exits 130. A second Ctrl-C stops at once without saving (the last checkpoint stays).
@@ -29,12 +44,15 @@ first checkpoint has nothing to resume: `train` starts it again from step 0 in t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,7 +66,10 @@ from .distributed import (
     shard_optimizer_state, wrap,
 )
 from .evaluate import build_task, evaluate, held_out, task_meta, task_table
-from .metrics import CURVE_FILE, METRICS_FILE, MetricsLog, plot_curves, read_metrics
+from .metrics import (
+    CURVE_FILE, LONG_RUN_S, METRICS_FILE, MetricsLog, duration, end_line, estimate_line, eval_line,
+    plot_curves, read_metrics, start_line,
+)
 from .optim import (
     build_optimizer, load_optimizer_tensors, lr_at, named_unique_parameters, optimizer_tensors,
     set_lr,
@@ -71,6 +92,50 @@ class TrainingDiverged(AtlasError, ValueError):
     """The loss became nan or inf."""
 
 
+class CompileFailed(AtlasError, RuntimeError):
+    """torch.compile could not compile the model."""
+
+
+COMPILE_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: torch.compile's backend ("inductor": generated C++ / Triton code; the tests trace with "eager")
+COMPILE_BACKEND = "inductor"
+ESTIMATE_AFTER_STEPS = 3  # steps after the first that the duration estimate waits for ...
+ESTIMATE_AFTER_S = 20.0  # ... or this many seconds, whichever comes first
+
+
+def compile_cache_dir() -> str:
+    """Where torch.compile keeps compiled code (``$TORCHINDUCTOR_CACHE_DIR``, set to the
+    package's cache directory when unset)."""
+    if not os.environ.get(COMPILE_CACHE_ENV):
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        os.environ[COMPILE_CACHE_ENV] = os.path.join(base, "atlas-memory", "torch-compile")
+    return os.environ[COMPILE_CACHE_ENV]
+
+
+def _is_compile_error(exc: BaseException) -> bool:
+    return any(t.__module__.startswith(("torch._dynamo", "torch._inductor"))
+               for t in type(exc).__mro__)
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The innermost error behind torch.compile's wrappers (``inner_exception``, ``__cause__``)."""
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None:
+            break
+        exc = inner
+    return exc
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 class Trainer:
     """Runs a `Plan`. ``on_step(trainer)`` is called after every optimizer step (tests use it
     to stop a run where they want, through the same path as Ctrl-C: `request_stop`)."""
@@ -80,7 +145,8 @@ class Trainer:
                  shard: str = "ddp") -> None:
         self.plan, self.dist, self.on_step = plan, dist, on_step
         self.shard = shard  # the data-parallel engine with N processes: "ddp" or "fsdp"
-        self.show_progress = progress and dist.is_main
+        self.show_progress = progress and dist.is_main and _is_terminal(sys.stderr)
+        self.show_lines = dist.is_main
         self.p = plan.train
         self.device = plan.device
         self.stop_requested = False
@@ -103,7 +169,12 @@ class Trainer:
         self.eval_task = held_out(self.task)
         torch.manual_seed(p.seed)  # the model's initial weights
         self.model = build_model(spec).to(self.device)
-        self.forward = self.model  # what a training step calls (the engine with N processes)
+        self.forward = self.model  # what a training step calls (torch.compile's wrapper or the model)
+        if p.precision == "bf16":  # bf16 activations meet fp32 norm weights: torch's unfused path
+            warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+        if p.compile:
+            compile_cache_dir()
+            self.forward = torch.compile(self.model, backend=COMPILE_BACKEND)
         self.params = [q for _, q in named_unique_parameters(self.model)]
         self.optimizer = build_optimizer(self.model, p)
         self.data_gen = torch.Generator().manual_seed(p.seed)
@@ -130,7 +201,7 @@ class Trainer:
         if not self.dist.active:
             return
         engine = wrap(self.model, self.dist, self.shard, self.device)
-        self.forward = engine
+        self.forward = torch.compile(engine) if self.p.compile else engine
         if self.shard == "fsdp":
             self.params = [q for _, q in named_unique_parameters(self.model)]
             self.optimizer = build_optimizer(self.model, self.p)
@@ -151,7 +222,9 @@ class Trainer:
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         """One optimizer step on this rank's rows; returns global loss / accuracy / grad norm."""
         self.model.train()
-        logits = self.forward(inputs).float()  # [b, T, V]
+        with self.autocast():
+            logits = self.forward(inputs)
+        logits = logits.float()  # [b, T, V]
         keep = targets != IGNORE_INDEX
         ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
                              ignore_index=IGNORE_INDEX, reduction="sum")
@@ -168,6 +241,12 @@ class Trainer:
         report = all_reduce_sum(loss.detach().double().reshape(1), self.dist)
         return {"loss": float(report.item()), "accuracy": float(counts[1] / total),
                 "grad_norm": float(full_value(grad_norm))}
+
+    def autocast(self):
+        """The context of a training forward pass: bf16 autocast, or nothing (fp32)."""
+        if self.p.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16)
 
     # -- checkpoints --------------------------------------------------------------------------
     def rng_state(self) -> dict[str, torch.Tensor]:
@@ -243,7 +322,11 @@ class Trainer:
         tokens_per_step = p.batch_size * self.task.seq_len
         previous = self._install_sigint()
         progress = _Progress(self.show_progress, p.steps, self.step)
+        self._progress = progress
+        self.say(start_line(plan.run_dir, self.n_params, self.device, self.step, p.steps,
+                            p.batch_size, self.task.seq_len, p.precision, p.compile))
         window_t, window_tokens = time.perf_counter(), 0
+        first_step, first_done, estimated, train_loss = self.step, None, False, None
         try:
             with progress:
                 while self.step < p.steps:
@@ -251,7 +334,20 @@ class Trainer:
                     inputs, targets = self.task.batch(p.batch_size, self.data_gen)
                     inputs = shard(inputs, self.dist).to(self.device, non_blocking=True)
                     targets = shard(targets, self.dist).to(self.device, non_blocking=True)
-                    stats = self.train_step(inputs, targets)
+                    t_step = time.perf_counter()
+                    try:
+                        stats = self.train_step(inputs, targets)
+                    except Exception as exc:
+                        if p.compile and self.step == first_step and _is_compile_error(exc):
+                            why = _root_cause(exc)
+                            first = (str(why).strip().splitlines() or [""])[0][:300]
+                            raise CompileFailed(
+                                f"train.compile: torch.compile failed on this model "
+                                f"({type(why).__name__}: {first}); set compile = false in "
+                                "[train] to train without it"
+                            ) from exc
+                        raise
+                    train_loss = stats["loss"]
                     if not math.isfinite(stats["loss"]):
                         raise TrainingDiverged(
                             f"the loss became {stats['loss']} at step {self.step + 1}; lower "
@@ -262,6 +358,14 @@ class Trainer:
                     self.tokens_seen += tokens_per_step
                     window_tokens += tokens_per_step
                     now = time.perf_counter()
+                    if first_done is None:  # the first step: warm-up, and compilation if asked
+                        first_done = now
+                        self._first_step(now - t_step)
+                    elif not estimated and (self.step - first_step - 1 >= ESTIMATE_AFTER_STEPS
+                                            or now - first_done >= ESTIMATE_AFTER_S):
+                        estimated = True
+                        self._estimate((now - first_done) / (self.step - first_step - 1),
+                                       p.steps - self.step, tokens_per_step)
                     tps = window_tokens / max(now - window_t, 1e-9)
                     progress.update(self.step, stats["loss"], tps)
                     if self.step % p.log_every == 0 or self.step == p.steps:
@@ -271,8 +375,7 @@ class Trainer:
                         window_t, window_tokens = now, 0
                     if p.eval_every and self.step % p.eval_every == 0 and self.step != p.steps:
                         r = self.evaluate()
-                        progress.note(f"step {self.step}: eval loss {r['loss']:.4f}, "
-                                      f"accuracy {r['accuracy']:.3f}")
+                        self.say(eval_line(self.step, p.steps, r, train_loss, self.elapsed()))
                     if p.checkpoint_every and self.step % p.checkpoint_every == 0:
                         self.save()
                     if self.on_step is not None:
@@ -284,6 +387,7 @@ class Trainer:
                 self.log.write({"kind": "run", "event": "interrupt", "step": self.step})
                 raise TrainingInterrupted(self.step, path)
             final = self.evaluate()
+            self.say(eval_line(self.step, p.steps, final, train_loss, self.elapsed()))
             path = self.save()
         finally:
             if previous is not None:
@@ -315,7 +419,34 @@ class Trainer:
             result["curve"] = None if why else str(plan.run_dir / CURVE_FILE)
             if why:
                 print(why, file=sys.stderr)
+            self.say(end_line(result))
         return result
+
+    # -- what a person reads on stderr --------------------------------------------------------
+    def say(self, line: str) -> None:
+        """One line on stderr (rank 0), through the progress bar when one is shown."""
+        if not self.show_lines:
+            return
+        progress = getattr(self, "_progress", None)
+        if progress is not None and progress.bar is not None and progress.bar.live.is_started:
+            progress.note(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def _first_step(self, seconds: float) -> None:
+        self.log.write({"kind": "run", "event": "first_step", "step": self.step,
+                        "seconds": seconds, "compiled": self.p.compile})
+        if self.p.compile:
+            self.say(f"compile: the first step took {duration(seconds)} ({seconds:.1f} s), "
+                     f"compiling the model; compiled code is cached in {compile_cache_dir()}")
+
+    def _estimate(self, seconds_per_step: float, remaining: int, tokens_per_step: int) -> None:
+        projected = self.elapsed() + remaining * seconds_per_step
+        self.log.write({"kind": "run", "event": "estimate", "step": self.step,
+                        "projected_s": projected, "seconds_per_step": seconds_per_step})
+        if projected > LONG_RUN_S:
+            self.say(estimate_line(projected, seconds_per_step,
+                                   tokens_per_step / max(seconds_per_step, 1e-9), remaining))
 
 
 class _Progress:
