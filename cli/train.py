@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from .common import FormatOption, emit, examples, out_console, report
+from .common import FormatOption, OutputFormat, emit, emit_error, examples, out_console, resolve_format
 from .overrides import (
     OVERRIDES_HELP, BatchSizeOption, LrOption, SeedOption, SeqLenOption, StepsOption, overrides_of,
     split_words,
@@ -75,8 +75,11 @@ def train(
     try:
         run = api_train(files[0] if files else None, out=out, resume=resume, nproc=nproc,
                         progress=progress, overrides=overrides, shard=shard.value)
-    except TrainingInterrupted as exc:
-        report(exc, fmt, exit_code=130)
+    except TrainingInterrupted as exc:  # not a failure: one line (JSON: an error object), exit 130
+        if resolve_format(fmt) is OutputFormat.json:
+            emit_error(exc, 130)
+        else:
+            sys.stderr.write(f"{exc}\n")
         raise typer.Exit(130) from None
     except KeyboardInterrupt:
         sys.stderr.write("stopped by a second Ctrl-C without saving; the last checkpoint is untouched\n")
