@@ -70,7 +70,7 @@ def build_report(file: str, device: str = "cpu", overrides: list | None = None) 
 
 def build(
     words: Annotated[list[str], typer.Argument(
-        metavar="FILE [KEY.PATH=VALUE]...", help="a spec file (.toml), then " + OVERRIDES_HELP)],
+        metavar="FILE KEY.PATH=VALUE", help="a spec file (.toml), then " + OVERRIDES_HELP)],
     device: Annotated[BuildDevice, typer.Option("--device", help="cpu, or meta to build without memory")] = BuildDevice.cpu,
     fmt: FormatOption = None,
 ) -> None:

@@ -30,7 +30,7 @@ def human(rows: list[dict[str, Any]]) -> None:
 
 def compare(
     words: Annotated[list[str], typer.Argument(
-        metavar="SPEC... [KEY.PATH=VALUE]...",
+        metavar="SPEC KEY.PATH=VALUE",
         help="spec files (.toml) to train and compare, then " + OVERRIDES_HELP + ", applied to "
              "every spec")],
     task: Annotated[Optional[str], typer.Option("--task", help="the task for every spec: a name or inline TOML table (default: the specs' own, which must agree)")] = None,

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-OVERRIDES_HELP = ("KEY.PATH=VALUE overrides of the spec, applied before validation (values are "
-                  "TOML literals: 64, 1e-3, true, '\"core:l2\"', [1,2]; other text is a string)")
+OVERRIDES_HELP = ("KEY.PATH=VALUE overrides of the spec, e.g. model.d_model=64, applied before "
+                  "validation (a value is a TOML literal such as 64, 1e-3, true or [1,2]; other "
+                  "text is a string); see docs/cli.md")
 
 StepsOption = Annotated[Optional[int], typer.Option(
     "--steps", min=1, help="total optimizer steps (= train.steps=N)", show_default=False)]

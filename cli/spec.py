@@ -88,7 +88,7 @@ def _build_on_meta(spec) -> None:
 )
 def validate(
     words: Annotated[list[str], typer.Argument(
-        metavar="FILE... [KEY.PATH=VALUE]...",
+        metavar="FILE KEY.PATH=VALUE",
         help="spec files (.toml), then " + OVERRIDES_HELP + ", applied to every file")],
     fmt: FormatOption = None,
 ) -> None:
@@ -129,7 +129,7 @@ def validate(
 )
 def show(
     words: Annotated[list[str], typer.Argument(
-        metavar="FILE [KEY.PATH=VALUE]...", help="a spec file (.toml), then " + OVERRIDES_HELP)],
+        metavar="FILE KEY.PATH=VALUE", help="a spec file (.toml), then " + OVERRIDES_HELP)],
     fmt: FormatOption = None,
 ) -> None:
     """Print the resolved spec (every default filled): TOML, or JSON with --format json."""

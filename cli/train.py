@@ -49,7 +49,7 @@ def human(r: dict[str, Any]) -> None:
 
 def train(
     words: Annotated[Optional[list[str]], typer.Argument(
-        metavar="[SPEC] [KEY.PATH=VALUE]...",
+        metavar="SPEC KEY.PATH=VALUE",
         help="a spec file (.toml; default: the embedded MQAR spec, or, with --resume, the "
              "checkpoint's spec), then " + OVERRIDES_HELP, show_default=False)] = None,
     steps: StepsOption = None,
