@@ -77,6 +77,8 @@ def _canonical_rule(rule: Any, reg: Registry) -> dict[str, Any]:
         out[key] = canonical_component(reg, kind, raw[key], f"memory.{key}")
     out["read"] = raw.get("read", "after")
     out["anchor"] = raw.get("anchor", 1)
+    if raw.get("steps_per_token", 1) != 1:  # sub-steps per token (Gated DeltaProduct)
+        out["steps_per_token"] = raw["steps_per_token"]
     return out
 
 
