@@ -135,6 +135,15 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
         out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
         return out if return_dict is not False else out.to_tuple()
 
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: Any = None, **kwargs: Any):
+        """Hugging Face ``generate`` (greedy or sampling); beam search is refused up front."""
+        beams = kwargs.get("num_beams", getattr(generation_config or self.generation_config, "num_beams", 1))
+        if beams is not None and beams > 1:
+            raise ValueError(f"num_beams={beams}: beam search is not supported by atlas models (the "
+                             "memory state is not reordered between beams); use greedy decoding "
+                             "(do_sample=False) or sampling (do_sample=True)")
+        return super().generate(inputs, generation_config=generation_config, **kwargs)
+
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.LongTensor,

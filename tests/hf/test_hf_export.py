@@ -1,0 +1,132 @@
+"""``atlas export-hf`` and `export_checkpoint`: text models (codec, suppressed ids), refusals of
+bad input, and what Hugging Face decoding does not support."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers "
+                    "(pip install 'atlas-memory[hf]')")
+
+import torch  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+import atlas_core  # noqa: E402,F401
+from atlas_cli.main import make_app  # noqa: E402
+from atlas_core.train.inference import generate_from_checkpoint  # noqa: E402
+
+from .specs import SPECS, VOCAB, make_checkpoint  # noqa: E402
+
+CHARS = list("abcdefghij")  # 10 characters, VOCAB = 32 ids: ids 10.. mean nothing
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("mqar"), SPECS["core_lm"], seed=3)
+
+
+@pytest.fixture(scope="module")
+def char_ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("char"), SPECS["mal"], seed=4,
+                           text={"mode": "char", "vocab": CHARS})
+
+
+def invoke(args):
+    return CliRunner().invoke(make_app(), args)
+
+
+def test_cli_exports_a_directory_that_loads(ckpt, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "hf"
+    result = invoke(["--format", "json", "export-hf", str(ckpt.parent.parent), str(out)])  # the run dir
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["arch"] == "core:lm" and data["step"] == 1 and data["out_dir"] == str(out)
+    assert {"config.json", "model.safetensors", "generation_config.json"} <= set(data["files"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "atlas_memory" and config["atlas_spec"]["model"]["arch"] == "core:lm"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    from atlas_core.train.checkpoint import load_checkpoint
+
+    assert model.config.atlas_spec_hash == load_checkpoint(ckpt).spec.spec_hash
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_cli_refuses_a_non_empty_directory_unless_overwrite(ckpt, tmp_path):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = invoke(["export-hf", str(ckpt), str(out)])
+    assert result.exit_code == 1
+    assert "not empty" in result.stderr and "--overwrite" in result.stderr
+    assert "Traceback" not in result.output and (out / "keep.txt").read_text() == "mine"
+    result = invoke(["export-hf", str(ckpt), str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+
+
+def test_cli_bad_checkpoint_is_one_line(tmp_path):
+    result = invoke(["export-hf", str(tmp_path / "nowhere"), str(tmp_path / "out")])
+    assert result.exit_code == 1 and result.stderr.startswith("error: ")
+    assert "does not exist" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_cli_help_shows_an_example():
+    result = invoke(["export-hf", "--help"])
+    assert result.exit_code == 0 and "atlas export-hf" in result.stdout and "--overwrite" in result.stdout
+
+
+def test_char_model_suppresses_ids_past_its_vocabulary(char_ckpt, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from atlas_core.hf import export_checkpoint
+
+    export_checkpoint(char_ckpt, tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert model.generation_config.suppress_tokens == list(range(len(CHARS), VOCAB))
+    codec = model.config.codec()
+    assert codec.mode == "char" and list(codec.vocab) == CHARS
+    native = generate_from_checkpoint(str(char_ckpt), prompt="badge", max_new_tokens=32,
+                                      greedy=True, device="cpu")
+    prompt = torch.tensor([codec.encode("badge")])
+    out = model.generate(prompt, max_new_tokens=32, do_sample=False)
+    new = out[0, prompt.shape[1]:].tolist()
+    assert new == native["ids"] and max(new) < len(CHARS)
+    assert codec.decode(new) == native["text"]
+    # without the suppression the model would pick meaningless ids: the setting matters
+    free = model.generate(prompt, max_new_tokens=32, do_sample=False, suppress_tokens=None)
+    assert max(free[0, prompt.shape[1]:].tolist()) >= len(CHARS)
+
+
+def test_unsupported_decoding_is_refused_with_a_reason(ckpt, tmp_path):
+    from atlas_core.hf import AtlasConfig, AtlasForCausalLM, AtlasMemoryCache
+    from atlas_core.train.inference import open_checkpoint
+
+    c, native, _ = open_checkpoint(str(ckpt), "cpu")
+    model = AtlasForCausalLM(AtlasConfig.from_spec(c.spec), native=native).eval()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with pytest.raises(ValueError, match="padding"):
+        model.generate(ids, attention_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="num_beams=2: beam search"):
+        model.generate(ids, num_beams=2, max_new_tokens=2)
+    with pytest.raises(TypeError, match="AtlasMemoryCache"):
+        model(ids, past_key_values=object())
+    # continuing a cache by hand equals one call over the whole sequence
+    cache = AtlasMemoryCache()
+    first = model(ids[:, :2], past_key_values=cache, use_cache=True).logits
+    second = model(ids[:, 2:], past_key_values=cache).logits
+    assert cache.get_seq_length() == 3
+    torch.testing.assert_close(torch.cat([first, second], 1), native(ids), rtol=0, atol=1e-5)
+
+
+def test_config_refuses_a_spec_that_does_not_load():
+    from atlas_core.hf import AtlasConfig
+
+    bad = dict(SPECS["core_lm"], model={**SPECS["core_lm"]["model"], "d_model": -1})
+    with pytest.raises(ValueError, match="atlas_spec.*d_model"):
+        AtlasConfig(atlas_spec=bad)
+    with pytest.raises(ValueError, match="text_codec"):
+        AtlasConfig(atlas_spec=SPECS["core_lm"], text_codec={"mode": "words"})
