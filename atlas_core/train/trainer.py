@@ -60,7 +60,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import AtlasError
-from .checkpoint import latest_checkpoint, recover_checkpoints, save_checkpoint
+from .checkpoint import (claim_run_dir, latest_checkpoint, recover_checkpoints, save_checkpoint,
+                         write_text_atomic)
 from .distributed import (
     SINGLE, DistInfo, all_reduce_sum, any_rank, full_state, full_value, shard,
     shard_optimizer_state, wrap,
@@ -155,6 +156,7 @@ class Trainer:
         self.elapsed_before = 0.0
         self.last_eval: dict[str, Any] | None = None
         self.checkpoint_path: Path | None = None
+        self._run_lock = None  # the run directory's lock (`claim_run_dir`), held by the main rank
         self.log = MetricsLog(plan.run_dir / METRICS_FILE, enabled=dist.is_main)
         self._setup()
 
@@ -305,7 +307,7 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         p, plan = self.p, self.plan
         if self.dist.is_main:
-            plan.run_dir.mkdir(parents=True, exist_ok=True)
+            self._run_lock = claim_run_dir(plan.run_dir)  # one writer per run directory
             for path in recover_checkpoints(plan.run_dir / "checkpoints"):
                 print(f"recovered {path}: a complete checkpoint that an interrupted save had left "
                       "under a temporary name", file=sys.stderr)
@@ -313,7 +315,7 @@ class Trainer:
                 # A fresh run gets a directory with a metrics log only when that log belongs to
                 # a run stopped before its first checkpoint (see `train`): start the log over.
                 (plan.run_dir / METRICS_FILE).unlink(missing_ok=True)
-            (plan.run_dir / "spec.toml").write_text(plan.spec.to_toml())
+            write_text_atomic(plan.run_dir / "spec.toml", plan.spec.to_toml())
             self.log.truncate_after(self.step)
             self.log.write({"kind": "run", "event": "resume" if plan.resume else "start",
                             "step": self.step, "world_size": self.dist.world,
@@ -420,6 +422,8 @@ class Trainer:
             if why:
                 print(why, file=sys.stderr)
             self.say(end_line(result))
+            if self._run_lock is not None:
+                self._run_lock.release()
         return result
 
     # -- what a person reads on stderr --------------------------------------------------------
@@ -485,7 +489,7 @@ class _Progress:
 
     def note(self, line: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(line, markup=False, highlight=False)
+            self.bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 # -- entry points ---------------------------------------------------------------------------------
@@ -497,13 +501,16 @@ def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
     return Trainer(plan, dist, progress=opts.progress, shard=opts.shard).run()
 
 
-def _unsaved_run(d: Path) -> bool:
+def _unsaved_run(d: Path, resuming: bool = False) -> bool:
     """Whether ``d`` holds a run stopped before its first checkpoint: a metrics log without the
     end marker, and no complete checkpoint (counting those a killed save left under temporary
-    names, which a resume adopts)."""
+    names, which a resume adopts). ``resuming`` (``--resume d``): a run killed after writing its
+    ``spec.toml`` but before its first log line counts too."""
     log = d / METRICS_FILE
-    if not log.is_file() or latest_checkpoint(d / "checkpoints") is not None:
+    if latest_checkpoint(d / "checkpoints") is not None:
         return False
+    if not log.is_file():
+        return resuming and (d / "spec.toml").is_file()
     return not any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
 
 
@@ -522,7 +529,7 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
         d = Path(opts.resume).expanduser()
         if d.name == "checkpoints" and not (d / METRICS_FILE).exists():
             d = d.parent
-        if not (_unsaved_run(d) and (d / "spec.toml").is_file()):
+        if not (_unsaved_run(d, resuming=True) and (d / "spec.toml").is_file()):
             return opts, None
         note = (f"{d} holds no checkpoint (the run stopped before its first one): starting it "
                 "again from step 0")
