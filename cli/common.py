@@ -128,7 +128,7 @@ def _plain(value: Any) -> Any:
     return repr(value)
 
 
-def _click_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
+def click_exception_classes() -> tuple[tuple[type, ...], tuple[type, ...]]:
     """``(usage-style errors, exits)``: click's exception classes as typer raises them (typer
     may carry its own copy of click), plus those of click itself when it is installed."""
     errors: list[type] = [sys.modules[typer.BadParameter.__module__].ClickException]
@@ -155,7 +155,7 @@ def error_payload(exc: BaseException, exit_code: int = 1, kind: str | None = Non
         line = getattr(exc, "line", None)
         if line is not None and problems:
             problems[0].update(line=line, column=getattr(exc, "column", None))
-    if isinstance(exc, _click_classes()[0]):
+    if isinstance(exc, click_exception_classes()[0]):
         message = exc.format_message()
     elif kind == "InternalError":
         message = f"{type(exc).__name__}: {exc} (a bug; the traceback is on stderr)"
@@ -222,7 +222,7 @@ def _json_errors_group():
     with its exit code; otherwise errors pass through unchanged."""
     from typer.core import TyperGroup
 
-    usage_errors, exits = _click_classes()
+    usage_errors, exits = click_exception_classes()
 
     class JsonErrorsGroup(TyperGroup):
         def make_context(self, info_name, args, parent=None, **extra):

@@ -22,10 +22,11 @@ import importlib
 import sys
 from typing import Annotated, Optional
 
-import click
 import typer
 
-from .common import AtlasTyper, OutputFormat, debug, known_error, report, set_global_format
+from .common import (
+    AtlasTyper, OutputFormat, click_exception_classes, debug, known_error, report, set_global_format,
+)
 
 # One line per command group, in the order `atlas --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -87,11 +88,13 @@ def _plugin_guard(fn, command: str, origin: str):
         # mounted, wrapped already
         return fn
 
+    usage_errors, exits = click_exception_classes()  # typer's (which may be its own copy of click's)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.exceptions.ClickException):
+        except (*exits, *usage_errors):
             raise
         except Exception as exc:  # noqa: BLE001 - sorted into known and unknown below
             if debug() or known_error(exc):

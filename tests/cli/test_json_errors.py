@@ -158,3 +158,26 @@ def test_validation_failures_keep_their_report(tiny_file):
     assert r.exit_code == 1
     (row,) = json.loads(r.stdout)
     assert row["ok"] is False and row["errors"][0]["path"] == "model.depth"
+
+
+def test_a_plugin_command_may_exit_and_raise_usage_errors():
+    """typer's Exit and BadParameter from a plugin's command pass through the plugin guard (they
+    are not plugin bugs); an unexpected exception becomes one PluginError naming the plugin."""
+    from atlas_cli.main import _plugin_guard
+    from atlas_core.errors import PluginError
+
+    def exits():
+        raise typer.Exit(3)
+
+    def bad_value():
+        raise typer.BadParameter("--n must be even")
+
+    def broken():
+        raise KeyError("x")
+
+    with pytest.raises(typer.Exit):
+        _plugin_guard(exits, "demo", "plugin 'demo'")()
+    with pytest.raises(typer.BadParameter):
+        _plugin_guard(bad_value, "demo", "plugin 'demo'")()
+    with pytest.raises(PluginError, match="plugin 'demo'"):
+        _plugin_guard(broken, "demo", "plugin 'demo'")()
