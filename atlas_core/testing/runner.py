@@ -16,10 +16,10 @@ from .results import Check, CheckFailed, CheckResult, Failure
 
 def catalogue() -> dict[str, Check]:
     """Every check, in catalogue order (importing the check modules registers them)."""
-    from . import checks_basic, checks_equivalence, checks_longrun, checks_numeric
+    from . import checks_basic, checks_edges, checks_equivalence, checks_longrun, checks_numeric
 
     found: dict[str, Check] = {}
-    for module in (checks_basic, checks_numeric, checks_longrun, checks_equivalence):
+    for module in (checks_basic, checks_edges, checks_numeric, checks_longrun, checks_equivalence):
         for obj in vars(module).values():
             check = getattr(obj, "atlas_check", None)
             if isinstance(getattr(check, "name", None), str) and callable(obj):
@@ -28,9 +28,11 @@ def catalogue() -> dict[str, Check]:
                 found[check.name] = check
     order = [
         "check_resolves_by_name", "check_params_forbid_extra_keys", "check_params_roundtrip_toml",
-        "check_entry_module_light", "check_capabilities_hold", "check_shapes_and_dtypes",
+        "check_entry_module_light", "check_capabilities_hold", "check_dtype_follows_inputs",
+        "check_shapes_and_dtypes",
         "check_causal", "check_strategies_match_sequential", "check_state_carry", "check_split_calls",
-        "check_gradients_finite", "check_gradients_match_reference", "check_gradcheck_float64",
+        "check_gradients_finite", "check_boundary_inputs", "check_gradients_match_reference",
+        "check_gradcheck_float64",
         "check_deterministic_seed", "check_bf16_close_to_fp32", "check_long_sequence_stable",
         "check_memory_stays_alive", "check_reductions", "check_backend_matches_reference",
     ]
@@ -96,7 +98,10 @@ def run_one(check: Check, subject, expected: Mapping[str, str] | None = None) ->
 
         tb = traceback.extract_tb(exc.__traceback__)
         where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-        msg = check.message(Failure(f"raised {type(exc).__name__}: {exc}{where}"), subject)
+        # a dtype slip found by check_dtype_follows_inputs is the likely cause of a crash in torch
+        cause = getattr(subject, "dtype_problem", None)
+        because = f" (likely because {cause}: see check_dtype_follows_inputs)" if cause else ""
+        msg = check.message(Failure(f"raised {type(exc).__name__}: {exc}{where}{because}"), subject)
         status = "xfail" if reason else "failed"
         return CheckResult(check.name, subject.id, status, msg, reason or "", time.perf_counter() - t0)
     status = "xpass" if reason else "passed"

@@ -12,6 +12,8 @@ import torch
 
 from atlas_core.components.l2 import L2Bias
 from atlas_core.components.linear import LinearMemory
+from atlas_core.knobs import Retention
+from atlas_core.knobs.gates import ALPHA
 from atlas_core.rule import ComposedRule
 from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
 
@@ -79,6 +81,38 @@ class AscentBias(L2Bias):
 
     def error(self, pred, v):
         return -20.0 * (pred - v)
+
+
+class SingularAlphaRetention(Retention):
+    """A decay written as ``a (1 - a) / (1 - a)``: the retain factor everywhere but at alpha = 1,
+    where it is 0 / 0 = NaN."""
+
+    gates = (ALPHA,)
+
+    def alpha(self, gates, like):
+        a = gates["alpha"]
+        return a * (1 - a) / (1 - a)
+
+
+class SignSqrtRetention(Retention):
+    """Keeps the memory, computed as ``sign(M) sqrt(M^2)``: the right value everywhere, but the
+    gradient is NaN where a memory entry is exactly zero (0 / 0 in the derivative of sqrt)."""
+
+    gates = (ALPHA,)
+    linear = False
+
+    def alpha(self, gates, like):
+        return gates["alpha"]
+
+    def pre(self, W):
+        return {k: torch.sign(w) * torch.sqrt(w * w) for k, w in W.items()}
+
+
+class Float32Bias(L2Bias):
+    """The l2 bias computed in float32 whatever its inputs' dtype."""
+
+    def error(self, pred, v):
+        return (pred - v).float()
 
 
 def _knobs(ctx):
@@ -159,6 +193,12 @@ def register_broken(registry):
     registry.add("rule", "peek", build_peeking_rule, summary="a rule that reads v_{t+1} (broken)")
     registry.add("bias", "detached", lambda params, ctx: DetachedBias(), summary="wrong backward (broken)")
     registry.add("bias", "ascent", lambda params, ctx: AscentBias(), summary="unstable (broken)")
+    registry.add("retention", "singular_alpha", lambda params, ctx: SingularAlphaRetention(),
+                 summary="a decay that is NaN at alpha = 1 (broken)")
+    registry.add("retention", "sign_sqrt", lambda params, ctx: SignSqrtRetention(),
+                 summary="a retention whose gradient is NaN at a zero memory entry (broken)")
+    registry.add("bias", "float32", lambda params, ctx: Float32Bias(),
+                 summary="an l2 bias that returns float32 for float64 inputs (broken)")
     registry.add("bias", "false_claim", lambda params, ctx: L2Bias(), summary="a reduction that is false",
                  reductions=[{"name": "is_dot", "equals": {"bias": "core:dot"}}])
     registry.add("bias", "malformed", lambda params, ctx: L2Bias(), summary="a malformed reduction",

@@ -145,3 +145,47 @@ def test_a_memory_that_dies_or_explodes_fails_the_liveness_check(broken, name, w
 def test_the_bundled_structures_live(name):
     res = check_component(Case(name), on_fail="collect", checks=["check_memory_stays_alive"])
     assert [r.status for r in res if r.name == "check_memory_stays_alive"] == ["passed"]
+
+
+def test_a_retention_that_is_nan_at_alpha_one_fails_only_the_boundary_check(broken):
+    # against the core strategies only (the broken ones registered beside it fail on their own)
+    res = check_component(Case("broken:singular_alpha", strategy=["core:chunkwise", "core:exact_chunk"]),
+                          on_fail="collect")
+    failed = _failed(res)
+    assert set(failed) == {"check_boundary_inputs"}, {k: v.message[:200] for k, v in failed.items()}
+    msg = failed["check_boundary_inputs"].message
+    assert "non-finite entries in the boundary case 'alpha = 1'" in msg
+    assert msg.endswith("See docs/plugins.md#check_boundary_inputs")
+
+
+def test_a_retention_whose_gradient_is_nan_at_a_zero_entry_fails_the_boundary_check(broken):
+    res = check_component(Case("broken:sign_sqrt", strategy=["core:chunkwise"]), on_fail="collect")
+    failed = _failed(res)
+    assert set(failed) == {"check_boundary_inputs"}, {k: v.message[:200] for k, v in failed.items()}
+    msg = failed["check_boundary_inputs"].message
+    assert "the gradient of" in msg and "non-finite entries" in msg
+    # the first row whose memory holds exact zeros: alpha = 0 with theta = 0 empties it, and the
+    # checkerboard row has them from the start
+    assert any(f"in the boundary case '{case}" in msg for case in (
+        "alpha = 0", "every gate at its low end", "memory entries exactly zero")), msg
+
+
+def test_a_float32_component_is_named_by_the_dtype_check(broken):
+    res = check_component(Case("broken:float32", strategy=["core:chunkwise"]), on_fail="collect")
+    failed = _failed(res)
+    msg = failed["check_dtype_follows_inputs"].message
+    assert ("check_dtype_follows_inputs [broken:float32] failed: broken:float32 returns float32 from "
+            "error() for float64 inputs") in msg
+    order = [r.name for r in res]
+    running = [n for n in order if n in failed]
+    assert running[0] == "check_dtype_follows_inputs"  # it runs before every check that calls the rule
+    # the checks that crash inside torch say why
+    crashed = [r for r in failed.values() if "raised" in r.message]
+    assert crashed and all("likely because broken:float32 returns float32 from error() for float64 inputs"
+                           in r.message for r in crashed)
+
+
+def test_the_edge_checks_pass_on_a_sound_component():
+    res = check_component(Case("core:decay"), on_fail="collect",
+                          checks=["check_dtype_follows_inputs", "check_boundary_inputs"])
+    assert [r.status for r in res] == ["passed", "passed"]
