@@ -51,5 +51,5 @@ def atlas_register(registry):
     add("strategy", "exact_chunk", "atlas_core.strategies.exact_chunk:build",
         params="atlas_core.strategies.exact_chunk:ExactChunkParams",
         summary="per-token l2 rules on linear memory (delta rule, Titans momentum, Omega windows, "
-        "scalar decay), exact for any chunk size (WY/UT)",
+        "scalar or per-key decay) and dot rules (GLA), exact for any chunk size (WY/UT)",
         capabilities=("exact",), priority=5)

@@ -24,6 +24,9 @@ Two paths:
   K is ``L diag(theta) Wm`` for gd and ``L E diag(theta) Wm`` for momentum, where L and E are the
   retention and momentum decay matrices and Wm the banded Omega-window matrix
   (``Wm[t, l] = gamma_l * lag[t - l]`` for the c tokens ending at t; the identity when c = 1).
+  A per-key retain factor (GLA; gd, window 1) replaces the scalar ``L[t, l]`` by the vector
+  ``exp(b_t - b_l)`` of log-decay segment sums inside each score (`_key_linear_chunk`;
+  docs/math.md, "Exact chunked forms" (e)).
 - **any other structure / algorithm with a chunk form** (deep memory, Muon): per-token anchored
   gradients, the algorithm's `chunk` recurrence, and per-token reads — an O(C |W|) transient per
   chunk, never O(T |W|).

@@ -63,9 +63,13 @@ and the C^2 terms grow with C); on a CPU, time follows the multiply-adds plus a 
 overhead. A window multiplies the memory products by c and the solve by c^2 (``(C c)^2 (2 d +
 Dv) / 2`` per chunk for momentum). Memory O(T C c^2 + T c d + (T / C) d^2).
 
-Refused (``supports``): other algorithms, biases other than l2 (dot / lp / huber), nonlinear
-retention, other structures (deep memory), anchored rules (``anchor > 1``: run by
-``core:chunkwise``). Tensors: ``p.psi, p.phik: [B, H, T, Dphi]``, ``p.v: [B, H, T, Dv]``, gates
+Per-key decay (``alpha_shape = "key"``: GLA, KDA) and the dot bias run through
+`key_decay_chunk.run_key_decay` (docs/math.md, "Exact chunked forms" (e)): gd with a one-token
+window, the l2 bias (gradient at the current or the decayed memory) or the dot bias.
+
+Refused (``supports``): other algorithms, biases other than l2 and dot (lp / huber), the dot bias
+or per-key decay with momentum or a window, nonlinear retention, other structures (deep memory),
+anchored rules (``anchor > 1``: run by ``core:chunkwise``). Tensors: ``p.psi, p.phik: [B, H, T, Dphi]``, ``p.v: [B, H, T, Dv]``, gates
 ``[B, H, T]``, state ``{"M": [B, H, Dv, Dphi]}`` plus ``"Z.M"`` (momentum) and ``"window.*"``
 (c > 1).
 """
