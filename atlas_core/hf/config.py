@@ -2,8 +2,8 @@
 
 It holds the resolved spec (``atlas_spec``, the plain-data form of `atlas_core.spec.Spec`, enough
 to rebuild the model exactly) and, for a model trained on text, how text maps to ids
-(``text_codec``: ``{"mode": "byte"}`` or ``{"mode": "char", "vocab": [...]}``, see
-`atlas_core.train.codec`). ``vocab_size`` and ``tie_word_embeddings`` mirror the spec so that
+(``text_codec``: ``{"mode": "byte"}``, ``{"mode": "char", "vocab": [...]}`` or
+``{"mode": "bpe", "tokenizer": "<tokenizer.json text>"}``, see `atlas_core.train.codec`). ``vocab_size`` and ``tie_word_embeddings`` mirror the spec so that
 generic Hugging Face code reads them where it expects them.
 """
 
@@ -14,6 +14,18 @@ from typing import Any
 from transformers.configuration_utils import PreTrainedConfig
 
 MODEL_TYPE = "atlas_memory"
+
+
+def codec_entry(codec: Any) -> dict[str, Any]:
+    """A `TextCodec` as the ``task.text`` entry of a checkpoint's meta (what `TextCodec.from_task_meta`
+    reads back): ``{"mode": "byte"}``, ``{"mode": "char", "vocab": [...]}`` or
+    ``{"mode": "bpe", "tokenizer": "<tokenizer.json text>"}``."""
+    entry: dict[str, Any] = {"mode": codec.mode}
+    if codec.vocab is not None:
+        entry["vocab"] = list(codec.vocab)
+    if getattr(codec, "tokenizer_json", None):
+        entry["tokenizer"] = codec.tokenizer_json
+    return entry
 
 
 class AtlasConfig(PreTrainedConfig):
@@ -45,8 +57,7 @@ class AtlasConfig(PreTrainedConfig):
 
         resolved = load_spec(spec)
         if text_codec is not None and not isinstance(text_codec, dict):
-            text_codec = {"mode": text_codec.mode,
-                          **({"vocab": list(text_codec.vocab)} if text_codec.vocab is not None else {})}
+            text_codec = codec_entry(text_codec)
         return cls(atlas_spec=resolved.to_dict(), text_codec=text_codec, **kwargs)
 
     def spec(self):

@@ -2,9 +2,10 @@
 
 The directory holds what ``save_pretrained`` writes: ``config.json`` (an `AtlasConfig`: the
 checkpoint's resolved spec and text codec), ``model.safetensors`` (the native weights under
-``model.``, a tied tensor stored once) and ``generation_config.json``. For a char-level text
-model whose vocabulary is smaller than ``vocab_size``, the ids past the vocabulary are listed in
-``suppress_tokens``, as ``atlas generate`` never samples them.
+``model.``, a tied tensor stored once) and ``generation_config.json``; for a BPE text model also
+its tokenizer (``tokenizer.json``, ``tokenizer_config.json``: ``AutoTokenizer`` opens it). When a
+text model's vocabulary (characters, or BPE tokens) is smaller than ``vocab_size``, the ids past
+it are listed in ``suppress_tokens``, as ``atlas generate`` never samples them.
 
 The directory is written under a temporary name next to ``out_dir`` and renamed into place, so an
 interrupted export leaves no half-written directory; an existing non-empty ``out_dir`` is only
@@ -23,6 +24,27 @@ from ..errors import AtlasError
 
 class HFUnavailableError(AtlasError, ImportError):
     """transformers is missing or too old for the integration."""
+
+
+def usable_ids(codec: Any, vocab_size: int) -> int:
+    """How many ids, from 0, mean something: a char vocabulary or a BPE tokenizer may have fewer
+    than the model's ``vocab_size`` (``atlas generate`` samples only among these)."""
+    if codec is not None and codec.vocab is not None:
+        return min(vocab_size, len(codec.vocab))
+    if codec is not None and codec.mode == "bpe":
+        return min(vocab_size, codec.tokenizer.get_vocab_size())
+    return vocab_size
+
+
+def _save_tokenizer(codec: Any, out: Path) -> None:
+    """The BPE tokenizer as a Hugging Face fast tokenizer (``AutoTokenizer.from_pretrained``)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from ..train.tokenizer import EOT
+
+    tok = codec.tokenizer
+    special = {"eos_token": EOT} if tok.token_to_id(EOT) is not None else {}
+    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(out)
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -50,7 +72,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     codec = _codec(ckpt)
     config = AtlasConfig.from_spec(ckpt.spec, text_codec=codec)
     hf = AtlasForCausalLM(config, native=model).eval()
-    usable = len(codec.vocab) if codec is not None and codec.vocab is not None else model.vocab_size
+    usable = usable_ids(codec, model.vocab_size)
     if usable < model.vocab_size:
         hf.generation_config.suppress_tokens = list(range(usable, model.vocab_size))
 
@@ -60,6 +82,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         hf.save_pretrained(tmp)
+        if codec is not None and codec.mode == "bpe":
+            _save_tokenizer(codec, tmp)
         if out.exists():
             os.replace(out, old)
         os.replace(tmp, out)

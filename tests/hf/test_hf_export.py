@@ -130,3 +130,32 @@ def test_config_refuses_a_spec_that_does_not_load():
         AtlasConfig(atlas_spec=bad)
     with pytest.raises(ValueError, match="text_codec"):
         AtlasConfig(atlas_spec=SPECS["core_lm"], text_codec={"mode": "words"})
+
+
+def test_bpe_model_exports_its_tokenizer(tmp_path):
+    pytest.importorskip("tokenizers", reason="BPE needs tokenizers (a transformers dependency)")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from atlas_core.hf import export_checkpoint
+    from atlas_core.train.tokenizer import train_bpe
+
+    docs = ["the memory reads the keys", "the values are written to the memory", "keys and values"] * 4
+    tok = train_bpe(docs, 270, min_frequency=1)
+    spec = dict(SPECS["core_lm"], model={**SPECS["core_lm"]["model"], "vocab_size": 300})
+    ckpt = make_checkpoint(tmp_path, spec, seed=5, text={"mode": "bpe", "tokenizer": tok.to_str()})
+    out = tmp_path / "hf"
+    summary = export_checkpoint(ckpt, out)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(summary["files"])
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    hf_tok = AutoTokenizer.from_pretrained(out)
+    size = tok.get_vocab_size()
+    assert model.generation_config.suppress_tokens == list(range(size, 300))
+    prompt = "the memory"
+    ids = hf_tok(prompt, add_special_tokens=False)["input_ids"]
+    assert ids == model.config.codec().encode(prompt) == tok.encode(prompt).ids
+    native = generate_from_checkpoint(str(ckpt), prompt=prompt, max_new_tokens=32, greedy=True,
+                                      device="cpu")
+    out_ids = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)
+    new = out_ids[0, len(ids):].tolist()
+    assert new == native["ids"] and max(new) < size
+    assert hf_tok.decode(new) == native["text"]
