@@ -2,18 +2,22 @@
 
 It wraps the state that the model's own ``step(ids, state)`` carries (`atlas_core.model.MemoryLM`),
 unchanged, so Hugging Face decoding runs exactly the calls of ``MemoryLM.generate``: the prompt in
-one call, then one token per call. Per block, that state is:
+one call, then one token per call. Per block, that state is (`tensors` lists it by path):
 
-- the memory layer's state: the memory itself (the structure's weights, e.g. ``W`` of a linear
-  memory or each MLP layer of a deep one), the optimiser's carried terms (momentum), the
-  convolution tail and the position within the anchor block (``core:lm``, MAG, MAL, MAC);
-- for the attention of MAG and MAL (and their attention-only blocks): the keys/values of the
-  persistent prefix and of the last ``window - 1`` tokens, and the position;
-- for MAC: the committed memory, the persistent keys/values and the open segment's buffer;
-- for MRU-LM: each block's matrix state ``H``.
+- a memory layer's state (``core:lm``, MAG, MAL, MAC): the memory (``M`` of a linear memory,
+  ``W1``, ``W2``, ... of a deep one), the optimiser's carried terms (``Z.*``: momentum), the
+  anchor block's start memory and the position within it (``anchor.*``), and the last
+  ``conv_size - 1`` inputs of the short convolutions (``conv.q|k|v``);
+- sliding-window attention (MAG, MAL, and the attention-only blocks of any hybrid): the keys and
+  values of the persistent tokens (``pk``, ``pv``) and of the last ``window - 1`` tokens (``k``,
+  ``v``), and the position (``pos``);
+- a MAC block: the persistent keys/values, the memory committed at the last segment boundary
+  (``committed``) and the open segment's keys, values and outputs (``buf``, under
+  ``segment_size`` tokens);
+- MRU-LM: each block's matrix state ``H``.
 
-Its size does not grow with the sequence (the attention caches are bounded by the window).
-The cache belongs to one batch: it cannot be cropped, reordered for beam search or shared.
+None of it grows past these bounds, however long the sequence. The cache belongs to one batch:
+it cannot be cropped, reordered for beam search or shared between batches.
 """
 
 from __future__ import annotations

@@ -133,3 +133,37 @@ def test_labels_give_the_native_loss(exported):
         loss = hf(ids, labels=ids).loss
         want = native.loss(ids[:, :-1], ids[:, 1:])
     torch.testing.assert_close(loss, want, rtol=0, atol=1e-6)
+
+
+def test_cache_size_is_bounded(exported):
+    """The cache does not grow with the sequence: 16 more tokens (two MAC segments, past every
+    window) leave its size unchanged; the attention keys are the last window - 1 tokens."""
+    from atlas_core.hf import AtlasMemoryCache
+
+    _, _, _, hf = exported
+    ids = torch.randint(0, VOCAB, (1, 37), generator=torch.Generator().manual_seed(3))
+    cache = AtlasMemoryCache()
+    with torch.no_grad():
+        hf(ids[:, :21], past_key_values=cache, use_cache=True)
+        before = {n: tuple(t.shape) for n, t in cache.tensors()}
+        for i in range(21, 37):  # one token at a time, as generate feeds them
+            hf(ids[:, i:i + 1], past_key_values=cache)
+    assert {n: tuple(t.shape) for n, t in cache.tensors()} == before
+    assert cache.get_seq_length() == 37
+    window = hf.config.atlas_spec["model"].get("window")
+    keys = [shape for name, shape in before.items()  # attention keys, not the convolutions' tails
+            if name.endswith(".k") and not name.endswith(".conv.k")]
+    if hf.config.atlas_spec["model"]["arch"] in ("titans:mag", "titans:mal", "titans:mac"):
+        assert keys and all(shape[2] == window - 1 for shape in keys)
+
+
+def test_sampling_runs_through_the_cache(exported):
+    _, _, _, hf = exported
+    prompt = torch.tensor([PROMPT])
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        runs.append(hf.generate(prompt, max_new_tokens=12, do_sample=True, temperature=1.5, top_k=0))
+    assert torch.equal(runs[0], runs[1]) and runs[0].shape == (1, len(PROMPT) + 12)
+    greedy = hf.generate(prompt, max_new_tokens=12, do_sample=False)
+    assert not torch.equal(runs[0], greedy)  # it sampled (a hot temperature over 32 ids)
