@@ -32,6 +32,13 @@ run directory): a temporary directory (``.partial-*`` or ``.old-*``) whose step 
 ``step-<step>`` directory and whose files all match its manifest is a complete checkpoint left
 by a killed save; it is renamed to ``step-<step>`` (a ``.partial`` copy, the newer one, before an
 ``.old`` one). Every other temporary directory (incomplete, redundant or ``.trash``) is deleted.
+Recovery touches only temporary directories that no live process writes: the pid in the name is
+this process's or a process that is gone, or this process holds the run's lock.
+
+The run lock (`claim_run_dir`): the trainer holds an exclusive ``flock`` on ``<run>/run.lock``
+while it writes the run, so a second ``atlas train`` into the same directory is one clear error
+instead of two writers racing, and the lock holder may tidy every temporary directory. The kernel
+drops the lock when the process dies, so a killed run never blocks the next one.
 
 Test hook: ``ATLAS_CHECKPOINT_KILL_AT=<point>[:<n>]`` SIGKILLs the process at ``<point>`` of its
 ``n``-th save (default the first); the points, in order, are ``begin`` (the ``.partial``
@@ -303,24 +310,140 @@ def _recoverable(root: Path, above: int = -1) -> dict[int, Path]:
     return found
 
 
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and can still write (a zombie, killed but not yet reaped by
+    its parent, cannot). Unsure means alive: a directory is kept rather than deleted."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's live process
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
+
+
+def _stale(name: str, ours: bool) -> bool:
+    """Whether the temporary directory ``name`` (``.step-N.<kind>-<pid>``) belongs to no live
+    writer: its process is this one (which is not writing it now) or is gone, or this process
+    holds the run's lock (no other process can be writing the run)."""
+    pid = int(name.rsplit("-", 1)[1])
+    return ours or pid == os.getpid() or not _pid_alive(pid)
+
+
 def recover_checkpoints(root: str | Path) -> list[Path]:
     """Tidy the ``checkpoints/`` directory ``root`` after a killed save: rename each complete
     temporary copy of a step that has no ``step-*`` directory to that name, then delete every
-    other temporary directory. Returns the adopted checkpoint directories."""
+    other temporary directory. Returns the adopted checkpoint directories.
+
+    Only directories no live process is writing are touched: those of this process and of
+    processes that are gone, or all of them when this process holds the run's lock
+    (`claim_run_dir`). Another live writer's ``.partial`` directory is left alone (it renames or
+    deletes it itself; once it is gone, the next recovery tidies what it left)."""
     root = Path(root)
     if not root.is_dir():
         return []
+    ours = holds_run_lock(root.parent)
     adopted = []
     for step, src in sorted(_recoverable(root).items()):
+        if not _stale(src.name, ours):
+            continue
         dst = root / step_dir_name(step)
         os.replace(src, dst)
         adopted.append(dst)
     if adopted:
         _fsync_dir(root)  # adopted names durable before the other copies are deleted
     for child in root.iterdir():
-        if _TEMP_DIR.match(child.name):
+        if _TEMP_DIR.match(child.name) and _stale(child.name, ours):
             shutil.rmtree(child, ignore_errors=True)
     return adopted
+
+
+# -- the run lock -------------------------------------------------------------------------------
+LOCK_FILE = "run.lock"
+_held: dict[str, "RunLock"] = {}
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run dir>/run.lock``, held by the process that trains the run
+    (the file holds its pid, for the message another process gets). The kernel releases it when
+    the process ends, however it ends, so a killed run never leaves a stale lock."""
+
+    def __init__(self, key: str, fh: Any) -> None:
+        self.key, self._fh = key, fh
+
+    @property
+    def held(self) -> bool:
+        return self._fh is not None and not self._fh.closed
+
+    def release(self) -> None:
+        if self.held:
+            self._fh.close()  # closing the file releases the lock
+        if _held.get(self.key) is self:
+            del _held[self.key]
+
+
+def claim_run_dir(run_dir: str | Path) -> RunLock | None:
+    """Create ``run_dir`` and take its lock; a `CheckpointError` when another process holds it.
+
+    The same process may claim a run directory again (a resumed run after an interrupted one, in
+    one interpreter): it gets the lock it holds. None where ``fcntl`` does not exist (Windows):
+    there, recovery falls back to process ids alone."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = str(run_dir.resolve())
+    lock = _held.get(key)
+    if lock is not None and lock.held:
+        return lock
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        return None
+    fh = open(run_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        who = fh.read(32).strip()
+        fh.close()
+        raise CheckpointError(
+            f"{run_dir} is being trained by another process{f' (pid {who})' if who else ''}; "
+            "wait for it to finish, stop it, or train into another directory (--out)"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    lock = RunLock(key, fh)
+    _held[key] = lock
+    return lock
+
+
+def holds_run_lock(run_dir: str | Path) -> bool:
+    """Whether this process holds the lock of ``run_dir`` (`claim_run_dir`)."""
+    try:
+        lock = _held.get(str(Path(run_dir).resolve()))
+    except OSError:
+        return False
+    return lock is not None and lock.held
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader (or a killed writer) never leaves it half
+    written: a temporary file in the same directory, fsync-ed, then renamed over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

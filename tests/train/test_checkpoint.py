@@ -178,13 +178,13 @@ def test_recovery_adopts_a_complete_copy_and_deletes_the_rest(run, tmp_path):
 
     root = run / "checkpoints"
     before = _snapshot(root / "step-000000006")
-    old = (root / "step-000000006").rename(root / ".step-000000006.old-11")
-    partial = root / ".step-000000006.partial-12"
+    old = (root / "step-000000006").rename(root / ".step-000000006.old-999999911")
+    partial = root / ".step-000000006.partial-999999912"
     shutil.copytree(old, partial)
     (partial / "optimizer.safetensors").write_bytes(b"cut")
-    (root / "step-000000003").rename(root / ".step-000000003.trash-13")
-    (root / ".step-000000009.partial-14").mkdir()
-    linked = root / ".step-000000008.partial-15"
+    (root / "step-000000003").rename(root / ".step-000000003.trash-999999913")
+    (root / ".step-000000009.partial-999999914").mkdir()
+    linked = root / ".step-000000008.partial-999999915"
     shutil.copytree(old, linked)
     (linked / "manifest.json").unlink()
     os.symlink("/dev/zero", linked / "manifest.json")
@@ -205,8 +205,8 @@ def test_recovery_prefers_the_newer_partial_copy(run):
     import shutil
 
     root = run / "checkpoints"
-    old = (root / "step-000000006").rename(root / ".step-000000006.old-11")
-    partial = root / ".step-000000006.partial-12"
+    old = (root / "step-000000006").rename(root / ".step-000000006.old-999999911")
+    partial = root / ".step-000000006.partial-999999912"
     shutil.copytree(old, partial)
     inode = os.stat(partial).st_ino
     assert load_checkpoint(run).path == partial
