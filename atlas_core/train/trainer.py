@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import AtlasError
-from .checkpoint import (claim_run_dir, latest_checkpoint, recover_checkpoints, save_checkpoint,
+from .checkpoint import (LOCK_FILE, claim_run_dir, latest_checkpoint, recover_checkpoints, save_checkpoint,
                          write_text_atomic)
 from .distributed import (
     SINGLE, DistInfo, all_reduce_sum, any_rank, full_state, full_value, shard,
@@ -504,13 +504,13 @@ def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
 def _unsaved_run(d: Path, resuming: bool = False) -> bool:
     """Whether ``d`` holds a run stopped before its first checkpoint: a metrics log without the
     end marker, and no complete checkpoint (counting those a killed save left under temporary
-    names, which a resume adopts). ``resuming`` (``--resume d``): a run killed after writing its
-    ``spec.toml`` but before its first log line counts too."""
+    names, which a resume adopts). ``resuming`` (``--resume d``): a run killed after it locked the
+    directory (``run.lock``) but before its first log line counts too."""
     log = d / METRICS_FILE
     if latest_checkpoint(d / "checkpoints") is not None:
         return False
     if not log.is_file():
-        return resuming and (d / "spec.toml").is_file()
+        return resuming and (d / LOCK_FILE).is_file()
     return not any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
 
 
@@ -529,7 +529,7 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
         d = Path(opts.resume).expanduser()
         if d.name == "checkpoints" and not (d / METRICS_FILE).exists():
             d = d.parent
-        if not (_unsaved_run(d, resuming=True) and (d / "spec.toml").is_file()):
+        if not (_unsaved_run(d, resuming=True) and ((d / "spec.toml").is_file() or opts.spec)):
             return opts, None
         note = (f"{d} holds no checkpoint (the run stopped before its first one): starting it "
                 "again from step 0")
