@@ -103,7 +103,7 @@ class MACBlock(nn.Module):
         psi = rearrange(rule.feature_map(q), "b n h d -> b h n d")
         names = list(rule.structure.weight_shapes())
         if committed is None:
-            W = rule.structure.init_state(s.shape[0], dtype=s.dtype, device=s.device)
+            W = rule.retention.start(rule.structure.init_state(s.shape[0], dtype=s.dtype, device=s.device))
         else:
             W = {k: committed[f"rule.{k}"] for k in names}
         r = rule.structure.read({k: W[k] for k in names}, psi)  # (B, H, n, Dv)
