@@ -78,9 +78,11 @@ def end_line(result: dict[str, Any]) -> str:
 class MetricsLog:
     """Append-only JSONL writer (a no-op on non-zero ranks: ``enabled=False``)."""
 
-    def __init__(self, path: str | Path, *, enabled: bool = True) -> None:
+    def __init__(self, path: str | Path, *, enabled: bool = True, sinks: tuple = ()) -> None:
         self.path = Path(path)
         self.enabled = enabled
+        #: more writers of every record (``write(record)``, ``close()``): TensorBoard events
+        self.sinks = tuple(sinks) if enabled else ()
 
     def truncate_after(self, step: int) -> None:
         """Drop the records of steps after ``step`` (rewritten atomically)."""
@@ -97,6 +99,13 @@ class MetricsLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = ()
 
 
 # A record is a few hundred bytes; a longer line means the file is not a metrics log.

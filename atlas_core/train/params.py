@@ -19,6 +19,7 @@ seed = 0
 device = "auto"                # auto | cpu | cuda
 precision = "fp32"             # fp32 | bf16 (autocast; weights, optimiser and memory state fp32)
 compile = false                # torch.compile the model (first steps pay the compilation)
+tensorboard = false            # also write TensorBoard events to RUN_DIR/tensorboard
 ```
 
 The task is a registered component of kind ``task`` (``core:mqar``, ``core:copy``,
@@ -71,6 +72,8 @@ class TrainParams(Params):
         "and the memory's state and inner loop stay fp32)")
     compile: bool = Field(False, description="torch.compile the model before training",
                           strict=True)
+    tensorboard: bool = Field(False, strict=True, description="also write TensorBoard event "
+                              "files to RUN_DIR/tensorboard (needs the tensorboard extra)")
 
     @field_validator("betas")
     @classmethod

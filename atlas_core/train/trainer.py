@@ -157,7 +157,12 @@ class Trainer:
         self.last_eval: dict[str, Any] | None = None
         self.checkpoint_path: Path | None = None
         self._run_lock = None  # the run directory's lock (`claim_run_dir`), held by the main rank
-        self.log = MetricsLog(plan.run_dir / METRICS_FILE, enabled=dist.is_main)
+        sinks = ()
+        if dist.is_main and plan.train.tensorboard:
+            from .tensorboard import TensorBoardSink
+
+            sinks = (TensorBoardSink(plan.run_dir),)
+        self.log = MetricsLog(plan.run_dir / METRICS_FILE, enabled=dist.is_main, sinks=sinks)
         self._setup()
 
     # -- construction -------------------------------------------------------------------------
@@ -391,6 +396,9 @@ class Trainer:
             final = self.evaluate()
             self.say(eval_line(self.step, p.steps, final, train_loss, self.elapsed()))
             path = self.save()
+        except BaseException:
+            self.log.close()  # events written so far reach the disk
+            raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -416,6 +424,7 @@ class Trainer:
         if self.dist.is_main:
             self.log.write({"kind": "run", "event": "end", "step": self.step,
                             "accuracy": final["accuracy"], "eval_loss": final["loss"]})
+            self.log.close()
             why = plot_curves(read_metrics(plan.run_dir / METRICS_FILE), plan.run_dir / CURVE_FILE,
                               f"{plan.spec.name}: {self.task.describe()}")
             result["curve"] = None if why else str(plan.run_dir / CURVE_FILE)
