@@ -233,6 +233,8 @@ def load(run_or_checkpoint: str | Path, device: str = "cpu"):
     - ``spec``: the resolved spec it was trained from;
     - ``codec``: the text codec (`atlas_core.train.codec.TextCodec`: ``encode`` / ``decode``) of
       a model trained on text, else None;
+    - ``tokenizer``: the subword tokenizer (``tokenizers.Tokenizer``) of a model trained with one
+      (text ``mode = "bpe"``), else None;
     - ``checkpoint``: the checkpoint directory; ``trained_steps``: its step; ``task``: the
       training task as recorded (``{"use": ..., "params": ...}``) or None.
 
@@ -243,6 +245,9 @@ def load(run_or_checkpoint: str | Path, device: str = "cpu"):
     ckpt, model, _ = open_checkpoint(str(run_or_checkpoint), device)
     model.spec = ckpt.spec
     model.codec = _codec(ckpt)
+    # a subword model's `tokenizers.Tokenizer` (the codec's); None for byte/char text and ids
+    bpe = model.codec is not None and getattr(model.codec, "mode", None) == "bpe"
+    model.tokenizer = model.codec.tokenizer if bpe else None
     model.checkpoint = ckpt.path
     model.trained_steps = ckpt.step
     model.task = _trained_task(ckpt) or None

@@ -148,3 +148,23 @@ def test_import_stays_cheap_and_train_is_the_package():
             "assert callable(ac.train); print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_subword_model_loads_with_its_tokenizer(tmp_path):
+    from atlas_core.train.tokenizer import train_bpe
+
+    corpus = ["the cat sat on the mat. the dog sat on the log. " * 4 for _ in range(8)]
+    tok = train_bpe(corpus, vocab_size=270)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join(corpus))
+    vocab = tok.get_vocab_size()
+    run = ac.train(TINY, out=tmp_path / "bpe", steps=1, batch_size=2,
+                   **{"model.vocab_size": vocab, "train.eval_batches": 1,
+                      "train.task": {"use": "text", "path": str(text), "mode": "bpe",
+                                     "tokenizer": str(tmp_path / "tokenizer.json"), "seq_len": 16}})
+    model = ac.load(run.run_dir)
+    assert model.tokenizer is not None and model.codec.mode == "bpe"
+    ids = model.tokenizer.encode("the cat sat", add_special_tokens=False).ids
+    assert ids == tok.encode("the cat sat", add_special_tokens=False).ids
+    assert model.codec.decode(model.codec.encode("the dog")).strip() == "the dog"
