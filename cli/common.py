@@ -227,7 +227,13 @@ def _json_errors_group():
     class JsonErrorsGroup(TyperGroup):
         def make_context(self, info_name, args, parent=None, **extra):
             words = list(args)
-            ctx = super().make_context(info_name, words, parent=parent, **extra)
+            try:
+                ctx = super().make_context(info_name, list(words), parent=parent, **extra)
+            except usage_errors as exc:  # e.g. an unknown command, found while parsing
+                if not wants_json(words):
+                    raise
+                emit_error(exc, exc.exit_code)
+                raise typer.Exit(exc.exit_code) from None
             ctx.meta.setdefault("atlas.argv", words)
             return ctx
 

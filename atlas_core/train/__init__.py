@@ -14,6 +14,9 @@
 ``compare``               several specs on one setting, one table (``atlas compare``)
 ========================  ==========================================================================
 
+Calling the package trains: ``atlas_core.train(spec, **overrides)`` is `atlas_core.api.train`
+(``atlas train`` runs it; `atlas_core.api.load` opens the result).
+
 Nothing is imported here: ``import atlas_core.train`` stays cheap (no torch).
 """
 

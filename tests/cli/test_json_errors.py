@@ -67,6 +67,14 @@ def test_a_usage_error_is_json(path, where):
     assert err["type"] == "NoSuchOption" and "--no-such-option" in err["message"]
 
 
+@pytest.mark.parametrize("args", [["nosuchcommand"], ["spec", "nosuchcommand"]])
+def test_an_unknown_command_is_json(args):
+    err = json_error(invoke(["--format", "json", *args]), 2)
+    assert "No such command 'nosuchcommand'" in err["message"]
+    human = invoke(args)
+    assert human.exit_code == 2 and human.stdout == "" and "No such command" in human.stderr
+
+
 @pytest.fixture
 def tiny_file(tmp_path):
     path = tmp_path / "tiny.toml"
