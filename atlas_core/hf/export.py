@@ -80,6 +80,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the command prints its own summary
     try:
         hf.save_pretrained(tmp)
         if codec is not None and codec.mode == "bpe":
@@ -88,6 +92,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
             os.replace(out, old)
         os.replace(tmp, out)
     finally:
+        if bars:
+            hf_logging.enable_progress_bar()
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return {
