@@ -24,15 +24,20 @@ before) and the next chunk's state are
     y_t    = S (exp(r_t) * q_t) - sum_i w_i [sum_d q_{t,d} k_{i,d} exp(r_{t,d} - b_{i,d})] e_i
     S_next = S Diag(exp(b_C)) - sum_j w_j e_j (k_j * exp(b_C - b_j))^T.
 
-Numerics: every exponent used is a sum of log-gates over a segment, ``<= 0``: no ratio
-``Gamma_t / Gamma_i`` of two cumulative products is ever formed (it overflows once a chunk decays
-by more than ~1e38, e.g. 64 tokens at a = 0.25 in float32). The score matrices
-``sum_d x_{t,d} y_{i,d} exp(r_{t,d} - b_{i,d})`` (`decayed_scores`) are built in sub-blocks of
-``block`` tokens: within a diagonal sub-block from the pairwise exponents, across sub-blocks as a
-product of two factors both ``<= 1`` through the log-decay at the row sub-block's start.
+Numerics: no ratio ``Gamma_t / Gamma_i`` of two cumulative products over a whole chunk is ever
+formed (it overflows once a chunk decays by more than ~1e38, e.g. 64 tokens at a = 0.25 in
+float32). The score matrices ``sum_d x_{t,d} y_{i,d} exp(r_{t,d} - b_{i,d})`` (`decayed_scores`)
+go through the log-decay ``rho_I`` at the token before each row sub-block I of s tokens:
+``exp(r_t - rho_I) exp(rho_I - b_i)``, one matrix product per sub-block. s is the largest of C,
+64, 32, 16, 8 over which no key decays by more than e^30 (float32; e^300 in float64), so both
+factors stay within ``exp(+-30)``; where even 8 tokens decay further (gates near or at 0) the
+exponents inside each diagonal sub-block are formed pairwise (``r_t - b_i <= 0``) and those across
+sub-blocks as two factors ``<= 1``. Every other exponent (reads, state update) is a segment sum
+``<= 0``.
 
-Cost per chunk of C tokens, d = Dk = Dv, sub-block s: about ``C^2 d`` (scores across sub-blocks)
-``+ C s d`` (within) for each of the two score matrices, ``C^2 (d + Dv) / 2`` for the solve (l2
+Cost per chunk of C tokens, d = Dk = Dv, sub-block s: about ``C^2 d`` multiply-adds and
+``C^2 d / s`` exponentials for each of the two score matrices (the pairwise fallback: ``C s d``
+more of both), ``C^2 (d + Dv) / 2`` for the solve (l2
 only) and ``3 C d Dv`` for the memory products.
 """
 
@@ -55,11 +60,78 @@ def _pad_rows(x: torch.Tensor, n: int, value: torch.Tensor | None = None) -> tor
     return torch.cat([x, tail], dim=-2)
 
 
-def decayed_scores(rows, r, cols, b, *, strict: bool, block: int = BLOCK) -> torch.Tensor:
+def decayed_scores(rows, r, cols, b, *, strict: bool, block: int | None = None) -> torch.Tensor:
     """``out[..., t, i] = sum_d rows[t, d] cols[i, d] exp(r[t, d] - b[i, d])`` for ``i < t``
     (``strict``) or ``i <= t``, else 0. All inputs ``[..., C, D]``; ``b`` is a running sum of
     log-gates (non-increasing along C) and every row's ``r[t] <= b[t - 1]`` holds (``r = b`` or
-    ``b`` shifted down by one), so every exponent formed is ``<= 0`` (see the module docstring)."""
+    ``b`` shifted down by one), so every exponent formed is ``<= 0`` (see the module docstring).
+
+    ``block = None`` picks the form from the data: the largest sub-block s (C, 64, 32, 16 or 8)
+    over which no key decays by more than `_RANGE` (``e^30`` in float32), so that the factored
+    form (`_factored`: one matrix product per row sub-block) neither overflows nor underflows;
+    where even 8 tokens decay further (gates near 0), the pairwise form (`_pairwise`) with
+    sub-blocks of `BLOCK`. An integer ``block`` forces the pairwise form with that sub-block."""
+    C = rows.shape[-2]
+    if block is None:
+        limit = _RANGE.get(b.dtype, _RANGE[torch.float32])
+        for s in (C, 64, 32, 16, 8):
+            if s > C:
+                continue
+            if _max_range(b, s) < limit:
+                return _factored(rows, r, cols, b, strict, s)
+        block = BLOCK
+    return _pairwise(rows, r, cols, b, strict, block)
+
+
+#: the largest decay of one key over one sub-block the factored form takes, in log space: both of
+#: its factors then stay within exp(+-limit), far from overflow and underflow
+_RANGE = {torch.float64: 300.0, torch.float32: 30.0, torch.bfloat16: 30.0, torch.float16: 5.0}
+
+
+def _blocked(x: torch.Tensor, s: int, value: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """``x [..., C, D]`` padded to whole sub-blocks of s rows (zeros, or ``value`` repeated)."""
+    C = x.shape[-2]
+    P = -(-C // s) * s - C
+    return _pad_rows(x, P, value), P
+
+
+def _max_range(b: torch.Tensor, s: int) -> float:
+    """The largest decay, ``b`` at the token before a sub-block minus ``b`` at its last token,
+    over every sub-block of s tokens, key and chunk (0 for no decay)."""
+    bb, _ = _blocked(b, s, b[..., -1:, :])
+    ends = bb[..., s - 1 :: s, :]
+    starts = torch.cat([torch.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], dim=-2)
+    return float((starts - ends).detach().max()) if ends.numel() else 0.0
+
+
+def _factored(rows, r, cols, b, strict: bool, s: int) -> torch.Tensor:
+    """`decayed_scores` through the log-decay ``rho_I`` at the token before each row sub-block
+    I: ``exp(r_t - b_i) = exp(r_t - rho_I) exp(rho_I - b_i)``, one product per sub-block over
+    the columns up to the sub-block's end; both factors lie in ``[exp(-range), exp(range)]``."""
+    C, D = rows.shape[-2:]
+    last = b[..., -1:, :]
+    rows, P = _blocked(rows, s)
+    cols, _ = _blocked(cols, s)
+    r, _ = _blocked(r, s, last)
+    b, _ = _blocked(b, s, last)
+    Cp = rows.shape[-2]
+    nb = Cp // s
+    bb = b.unflatten(-2, (nb, s))
+    rho = torch.cat([torch.zeros_like(b[..., :1, :]), bb[..., :-1, -1, :]], dim=-2)  # [.., nb, D]
+    left = rows.unflatten(-2, (nb, s)) * torch.exp(r.unflatten(-2, (nb, s)) - rho.unsqueeze(-2))
+    t = torch.arange(Cp, device=rows.device)
+    upto = t[None, :] < (torch.arange(1, nb + 1, device=rows.device) * s)[:, None]  # [nb, Cp]
+    ex = torch.exp((rho.unsqueeze(-2) - b.unsqueeze(-3)).masked_fill(~upto[:, :, None], float("-inf")))
+    out = (left @ (cols.unsqueeze(-3) * ex).transpose(-1, -2)).flatten(-3, -2)  # [.., Cp, Cp]
+    keep = (t[:, None] > t[None, :]) if strict else (t[:, None] >= t[None, :])
+    out = out.masked_fill(~keep, 0.0)
+    return out[..., :C, :C] if P else out
+
+
+def _pairwise(rows, r, cols, b, strict: bool, block: int) -> torch.Tensor:
+    """`decayed_scores` with every exponent formed as ``r_t - b_i`` inside diagonal sub-blocks
+    of ``block`` tokens (``s^2 D`` per sub-block), and across sub-blocks as the product of two
+    factors ``<= 1`` through the log-decay at the row sub-block's start: safe for any gates."""
     C, D = rows.shape[-2:]
     s = max(1, min(block, C))
     nb = -(-C // s)

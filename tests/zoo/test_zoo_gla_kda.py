@@ -138,11 +138,13 @@ def test_equal_keys_reduce_to_the_scalar_presets(preset, scalar):
 @pytest.mark.parametrize("lo, hi", [(0.45, 0.55), (0.01, 0.1)])
 def test_exact_chunk_is_safe_for_strong_decay_in_float32(spec, lo, hi):
     """A 64-token chunk with alpha near 0.5 (cumulative decay 2^-64), and near 0.05 (e^-190:
-    a ratio of cumulative products overflows float32 there), in float32, against the float64
-    reference loop: outputs, final state and gradients finite and close."""
+    a ratio of cumulative products overflows float32 there), one key's gate exactly 0, in
+    float32, against the float64 reference loop: outputs, final state and gradients finite and
+    close (the gradient at the zero gate itself is 0 in the chunked forms, see `decay.safe_log`)."""
     q, k, v, alpha, beta, S0 = _inputs(5, lo=lo, hi=hi)
     alpha = alpha.clone()
     alpha[..., : D // 2] = 0.97 + 0.02 * alpha[..., : D // 2]  # some keys keep a long memory
+    alpha[:, 30, :, -1] = 0.0  # a key cleared exactly
     gates = {"alpha": alpha, "theta": beta}
     rule = ac.build_rule(spec, heads=H, d_key=D, d_value=D)
 
@@ -159,18 +161,25 @@ def test_exact_chunk_is_safe_for_strong_decay_in_float32(spec, lo, hi):
     torch.testing.assert_close(y.double(), y_ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(M.double(), M_ref, rtol=1e-4, atol=1e-4)
     for i, (g, gr) in enumerate(zip(grads, g_ref)):
-        assert torch.isfinite(g).all(), f"gradient {i}"
+        assert torch.isfinite(g).all(), f"gradient {i} is not finite"
+        if i == 3:  # d alpha at a gate of exactly 0: 0 in the chunked forms (decay.safe_log)
+            zero = alpha == 0
+            assert not g[zero].any()
+            g, gr = g.masked_fill(zero, 0.0), gr.masked_fill(zero, 0.0)
         scale = max(1.0, float(gr.abs().max()))
         torch.testing.assert_close(g.double(), gr, rtol=1e-3, atol=1e-4 * scale, msg=f"gradient {i}")
     del gates
 
 
 @pytest.mark.parametrize("strict", [True, False])
-@pytest.mark.parametrize("C, block", [(1, 16), (7, 3), (16, 16), (37, 8), (40, 1)])
-def test_decayed_scores_equal_the_pairwise_sum(C, block, strict):
+@pytest.mark.parametrize("lo", [0.3, 1e-5])
+@pytest.mark.parametrize("C, block", [(1, None), (7, 3), (16, None), (37, 8), (40, 1), (64, None), (70, None)])
+def test_decayed_scores_equal_the_pairwise_sum(C, block, strict, lo):
+    """Both forms (factored through sub-block starts, picked when no key decays by more than e^30
+    over a sub-block; pairwise, forced by ``block`` or picked for gates near 0) equal the sum."""
     g = torch.Generator().manual_seed(C)
     rows, cols = torch.randn(2, 2, C, 5, generator=g, dtype=DT)
-    b = torch.log(0.3 + 0.7 * torch.rand(2, C, 5, generator=g, dtype=DT)).cumsum(-2)
+    b = torch.log(lo + (1 - lo) * torch.rand(2, C, 5, generator=g, dtype=DT)).cumsum(-2)
     r = torch.cat([torch.zeros_like(b[:, :1]), b[:, :-1]], dim=1) if strict else b
     want = torch.zeros(2, C, C, dtype=DT)
     for t in range(C):
@@ -225,3 +234,20 @@ def test_the_memory_layer_makes_a_per_key_alpha_gate():
     assert abs(float(gates["alpha"].detach().mean()) - float(torch.sigmoid(torch.tensor(3.0)))) < 0.02
     y, _ = layer(x)
     assert y.shape == x.shape and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("lo, form", [(0.5, "factored"), (1e-4, "pairwise")])
+def test_decayed_scores_pick_a_safe_form_in_float32(lo, form):
+    """float32 scores of 64 tokens: mild decays take the factored form, decays beyond e^30 per
+    8 tokens the pairwise one; both equal the float64 pairwise sum to float32 accuracy."""
+    from atlas_core.strategies.key_decay_chunk import _RANGE, _max_range
+
+    g = torch.Generator().manual_seed(3)
+    rows, cols = torch.randn(2, 4, 64, 16, generator=g, dtype=DT)
+    b = torch.log(lo * (1 + torch.rand(4, 64, 16, generator=g, dtype=DT))).cumsum(-2)  # a in [lo, 2 lo]
+    r = torch.cat([torch.zeros_like(b[:, :1]), b[:, :-1]], dim=1)
+    assert (_max_range(b.float(), 8) > _RANGE[torch.float32]) == (form == "pairwise")
+    want = decayed_scores(rows, r, cols, b, strict=True, block=1)  # float64, every pair on its own
+    got = decayed_scores(rows.float(), r.float(), cols.float(), b.float(), strict=True)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
