@@ -190,3 +190,16 @@ def test_the_cli_shows_refused_and_failed_plugins(tmp_path, monkeypatch):
         assert "1 plugin(s) failed to load" in res.output and "1 plugin(s) refused" in res.output
     finally:
         reset_host(None)
+
+
+def test_atlas_check_on_a_refused_namespace_reports_why(tmp_path, monkeypatch):
+    from atlas_core.testing import cases_for_target, check_component
+
+    _install(tmp_path, monkeypatch, dist="acme-one", namespace="acme", module="acme_one_mod3", name="one")
+    _install(tmp_path, monkeypatch, dist="acme-two", namespace="acme", module="acme_two_mod3", name="two")
+    host = PluginHost(strict=False).load_entry_points()
+    for target in ("acme", "acme:one"):
+        (case,) = cases_for_target(target, host=host)
+        res = check_component(case, on_fail="collect", host=host, checks=["check_resolves_by_name"])
+        assert res[0].status == "failed"
+        assert "namespace 'acme' is claimed by acme-one 0.1" in res[0].message
