@@ -81,10 +81,18 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
         return False  # the cache is an AtlasMemoryCache, made by forward
 
     def get_input_embeddings(self) -> torch.nn.Module:
-        return self.model.embed
+        return self._native_part("embed")
 
     def get_output_embeddings(self) -> torch.nn.Module:
-        return self.model.head
+        return self._native_part("head")
+
+    def _native_part(self, name: str) -> torch.nn.Module:
+        part = getattr(self.model, name, None)
+        if not isinstance(part, torch.nn.Module):
+            raise NotImplementedError(f"{type(self.model).__name__} has no '{name}' module (the "
+                                      "architectures of atlas_core name their embedding 'embed' "
+                                      "and their output layer 'head')")
+        return part
 
     # -- running -----------------------------------------------------------------------------------
     def forward(

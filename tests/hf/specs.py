@@ -27,7 +27,9 @@ SPECS: dict[str, dict[str, Any]] = {
                  memory={"use": "titans:titans_deep", "structure": {"use": "titans:mlp", "depth": 2,
                                                                      "expansion": 2.0},
                          "anchor": 4, "parallel": {"use": "core:chunkwise", "chunk_size": 4}}),
-    "mal": _spec("hf-mal", {"arch": "titans:mal", "window": 4, "persistent_tokens": 2}),
+    # an untied head: stored and loaded as a weight of its own
+    "mal": _spec("hf-mal", {"arch": "titans:mal", "window": 4, "persistent_tokens": 2,
+                            "tie_embeddings": False}),
     # block 2 is a sliding-window attention block (no memory)
     "mac": _spec("hf-mac", {"arch": "titans:mac", "segment_size": 8, "persistent_tokens": 2,
                             "window": 4, "memory_layers": [1]}),

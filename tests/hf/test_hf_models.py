@@ -48,8 +48,10 @@ def test_weights_and_config_carry_the_spec(exported):
     own = hf.model.state_dict()
     for name, tensor in native.state_dict().items():
         assert torch.equal(own[name], tensor), name
-    if spec.model.get("tie_embeddings", True):
-        assert hf.model.head.weight is hf.model.embed.weight  # the sharing survives loading
+    tied = spec.model["tie_embeddings"]
+    assert hf.config.tie_word_embeddings is tied
+    # the sharing survives loading (and an untied head stays its own weight)
+    assert (hf.model.head.weight is hf.model.embed.weight) is tied
 
 
 def test_logits_equal_native(exported):
