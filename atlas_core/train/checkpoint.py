@@ -389,23 +389,9 @@ class RunLock:
             del _held[self.key]
 
 
-def claim_run_dir(run_dir: str | Path) -> RunLock | None:
-    """Create ``run_dir`` and take its lock; a `CheckpointError` when another process holds it.
+def _lock(fh: Any, run_dir: Path) -> None:
+    import fcntl
 
-    The same process may claim a run directory again (a resumed run after an interrupted one, in
-    one interpreter): it gets the lock it holds. None where ``fcntl`` does not exist (Windows):
-    there, recovery falls back to process ids alone."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    key = str(run_dir.resolve())
-    lock = _held.get(key)
-    if lock is not None and lock.held:
-        return lock
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on POSIX
-        return None
-    fh = open(run_dir / LOCK_FILE, "a+")
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -420,6 +406,71 @@ def claim_run_dir(run_dir: str | Path) -> RunLock | None:
     fh.truncate()
     fh.write(f"{os.getpid()}\n")
     fh.flush()
+
+
+def _create_with_spec(run_dir: Path, spec_text: str) -> Any:
+    """Create ``run_dir`` holding its lock file (locked) and ``spec.toml`` in one rename: a run
+    directory never exists without its spec. Returns the locked file, or None when another
+    process created the directory first."""
+    tmp = run_dir.with_name(f".{run_dir.name}.new-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fh = open(tmp / LOCK_FILE, "a+")
+    _lock(fh, run_dir)
+    write_text_atomic(tmp / "spec.toml", spec_text)
+    _fsync_dir(tmp)
+    try:
+        os.rename(tmp, run_dir)  # the open file and its lock move with the directory
+    except OSError:  # created meanwhile by someone else: use it as it is
+        fh.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    _fsync_dir(run_dir.parent)
+    return fh
+
+
+def _tidy_new_dirs(run_dir: Path) -> None:
+    """Delete ``.<name>.new-<pid>`` siblings that a process killed while creating ``run_dir``
+    left behind (only those of processes that are gone)."""
+    prefix = f".{run_dir.name}.new-"
+    try:
+        siblings = list(run_dir.parent.iterdir())
+    except OSError:
+        return
+    for child in siblings:
+        pid = child.name[len(prefix):]
+        if child.name.startswith(prefix) and pid.isdigit() and _stale(child.name, False):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def claim_run_dir(run_dir: str | Path, spec_text: str | None = None) -> RunLock | None:
+    """Create ``run_dir`` (when it does not exist) and take its lock; a `CheckpointError` when
+    another process holds it.
+
+    With ``spec_text``, a new run directory is created with its ``spec.toml`` already inside (one
+    rename), so a run killed at any moment leaves either no directory or one that ``--resume``
+    can start again. The same process may claim a run directory again (a resumed run after an
+    interrupted one, in one interpreter): it gets the lock it holds. None where ``fcntl`` does
+    not exist (Windows): there, recovery falls back to process ids alone."""
+    run_dir = Path(run_dir)
+    try:
+        import fcntl  # noqa: F401
+    except ImportError:  # pragma: no cover - not on POSIX
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return None
+    fh = None
+    if spec_text is not None and not run_dir.exists():
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        _tidy_new_dirs(run_dir)
+        fh = _create_with_spec(run_dir, spec_text)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = str(run_dir.resolve())
+    lock = _held.get(key)
+    if lock is not None and lock.held:
+        return lock
+    if fh is None:
+        fh = open(run_dir / LOCK_FILE, "a+")
+        _lock(fh, run_dir)
     lock = RunLock(key, fh)
     _held[key] = lock
     return lock

@@ -312,7 +312,8 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         p, plan = self.p, self.plan
         if self.dist.is_main:
-            self._run_lock = claim_run_dir(plan.run_dir)  # one writer per run directory
+            # one writer per run directory; a new one is created with its spec.toml inside
+            self._run_lock = claim_run_dir(plan.run_dir, plan.spec.to_toml())
             for path in recover_checkpoints(plan.run_dir / "checkpoints"):
                 print(f"recovered {path}: a complete checkpoint that an interrupted save had left "
                       "under a temporary name", file=sys.stderr)

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""SIGKILL ``atlas train`` at random moments; the run must always load, resume and end bitwise
+equal to an uninterrupted run.
+
+A tiny spec trains ``--steps`` steps with a checkpoint every ``--every`` steps. One reference
+run goes uninterrupted. Then, ``--kills`` times, a fresh run is started and killed with SIGKILL
+either after a random delay (anywhere in the run: set-up, a step, an evaluation, a save, the
+final log line) or at a random point of a random save (``ATLAS_CHECKPOINT_KILL_AT``, see
+`atlas_core.train.checkpoint`: inside a checkpoint write). After every kill:
+
+- the run directory loads (`load_checkpoint`), or holds no complete checkpoint yet;
+- ``atlas train --resume DIR`` continues it (from step 0, with a note on stderr, when nothing
+  was saved); with probability ``--kill-again`` the resumed run is killed again, and so on;
+- when a run ends: no temporary checkpoint directory (``.step-N.partial-PID`` and the like) is
+  left, and the final weights and optimizer state equal the reference run's bitwise.
+
+Every ``atlas train`` runs in a child forked from a warm process that has imported torch and
+the CLI (a fresh interpreter costs seconds); ``--fresh`` runs each as a new ``python -m cli``
+process instead. Everything runs on one thread, so every run computes the same sums.
+
+    python scripts/kill_train.py --kills 50 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMP = re.compile(r"^\.step-\d+\.(partial|old|trash)-\d+$")
+POINTS = ("begin", "files", "manifest", "rename", "swap", "prune")
+
+TINY = {
+    "schema": "atlas/1",
+    "name": "kill-tiny",
+    "model": {"arch": "core:lm", "vocab_size": 16, "d_model": 16, "depth": 1, "heads": 2,
+              "mlp_ratio": 2.0},
+    "memory": {"structure": "core:linear", "bias": "core:l2", "retention": "core:none",
+               "algorithm": "core:gd", "feature_map": "core:identity", "read": "after",
+               "anchor": 8, "parallel": {"use": "core:chunkwise", "chunk_size": 8}},
+    "layer": {"gate_bias": {"theta": 0.0}},
+    "train": {"task": {"use": "mqar", "num_pairs": 2, "seq_len": 16}, "steps": 12,
+              "batch_size": 4, "lr": 3e-3, "warmup_steps": 2, "min_lr": 1e-4, "eval_every": 0,
+              "eval_batches": 1, "log_every": 1, "seed": 0, "device": "cpu",
+              "checkpoint_every": 4, "keep_checkpoints": 2},
+}
+
+# A warm `atlas`: imports torch and the CLI, trains once (argv: spec, scratch dir), then forks
+# one child per job line on stdin and answers {"code": exit code, "seconds": wall time}. A job
+# with "kill_after" gets SIGKILL after that many seconds if it is still running.
+_ZYGOTE = r"""
+import contextlib, io, json, os, signal, sys, time, traceback
+import torch
+torch.set_num_threads(1)
+import cli.main
+from atlas_core.train import checkpoint
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        cli.main.run(["train", sys.argv[1], "--out", sys.argv[2], "--no-progress"])
+    except SystemExit as exc:
+        if exc.code:
+            raise
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.chdir(job["cwd"])
+        os.environ.update(job["env"])
+        checkpoint._saves = 0
+        signal.alarm(120)
+        code = 0
+        try:
+            cli.main.run(job["args"])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    deadline = None if job.get("kill_after") is None else t0 + job["kill_after"]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if deadline is not None and time.perf_counter() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = None
+        time.sleep(0.0005)
+    print(json.dumps({"code": os.waitstatus_to_exitcode(status),
+                      "seconds": time.perf_counter() - t0}), flush=True)
+"""
+
+
+def _toml(data: dict) -> str:
+    from atlas_core.spec import dump_toml
+
+    return dump_toml(data)
+
+
+class Runner:
+    """``run(args, cwd, env, kill_after) -> (code, seconds, output)``: one ``atlas`` command."""
+
+    def __init__(self, workdir: Path, spec: Path, fresh: bool = False) -> None:
+        self.workdir, self.fresh, self.count = workdir, fresh, 0
+        self.proc = None
+        if not fresh:
+            self.err = open(workdir / "zygote.log", "w")
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _ZYGOTE, str(spec), str(workdir / "warm-up")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+            ready = self.proc.stdout.readline().strip()
+            if ready != "ready":
+                raise RuntimeError((workdir / "zygote.log").read_text())
+
+    def run(self, args, cwd, env=None, kill_after=None):
+        self.count += 1
+        log = self.workdir / f"cmd{self.count}.log"
+        args = [str(a) for a in args]
+        if self.fresh:
+            t0 = time.perf_counter()
+            with open(log, "w") as fh:
+                p = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=fh, stderr=fh,
+                                     cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                   "PYTHONPATH": str(ROOT), **(env or {})})
+                try:
+                    code = p.wait(timeout=kill_after)
+                except subprocess.TimeoutExpired:
+                    p.send_signal(signal.SIGKILL)
+                    code = p.wait()
+            return code, time.perf_counter() - t0, log.read_text()
+        job = {"args": args, "cwd": str(cwd), "env": env or {}, "log": str(log),
+               "kill_after": kill_after}
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        return answer["code"], answer["seconds"], log.read_text()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            self.err.close()
+
+
+def final_state(run: Path):
+    from atlas_core.train.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(run)
+    return ckpt.step, ckpt.model_tensors(), ckpt.optimizer_state()[0]
+
+
+def same_state(a, b) -> bool:
+    import torch
+
+    if a[0] != b[0]:
+        return False
+    for x, y in zip(a[1:], b[1:]):
+        if x.keys() != y.keys() or not all(torch.equal(x[k], y[k]) for k in x):
+            return False
+    return True
+
+
+def temp_dirs(run: Path) -> list[str]:
+    root = run / "checkpoints"
+    return sorted(p.name for p in root.iterdir() if TEMP.match(p.name)) if root.is_dir() else []
+
+
+class Failure(AssertionError):
+    pass
+
+
+def trial(rng: random.Random, runner: Runner, spec: Path, tmp: Path, k: int, reference,
+          runtime: float, steps: int, saves: int, kill_again: float, stats: Counter) -> None:
+    """One run killed at a random moment, then resumed (and maybe killed again) to the end."""
+    from atlas_core.train.checkpoint import latest_checkpoint, load_checkpoint
+
+    run = tmp / f"run{k:03d}"
+    hook = rng.random() < 0.5
+    env = {}
+    kill_after = None
+    if hook:
+        point = rng.choice(POINTS)
+        env = {"ATLAS_CHECKPOINT_KILL_AT": f"{point}:{rng.randint(1, saves)}"}
+        stats[f"kill at {point}"] += 1
+    else:
+        kill_after = rng.uniform(0.0, runtime * 1.1)
+    code, _, out = runner.run(["train", spec, "--out", run, "--no-progress"], tmp, env, kill_after)
+    attempts = 0
+    while code != 0:
+        attempts += 1
+        if attempts > 12:
+            raise Failure(f"run {k}: still not finished after {attempts} attempts")
+        if code != -signal.SIGKILL:
+            raise Failure(f"run {k}: exit {code} instead of a kill or success:\n{out}")
+        stats["kills"] += 1
+        # the run directory always loads (or holds nothing complete yet)
+        if not run.exists():
+            stats["killed before the run directory existed"] += 1
+            args = ["train", spec, "--out", run, "--no-progress"]
+        else:
+            if latest_checkpoint(run / "checkpoints") is not None:
+                ck = load_checkpoint(run)
+                if not 0 < ck.step <= steps:
+                    raise Failure(f"run {k}: checkpoint at step {ck.step}")
+                stats["left a loadable checkpoint"] += 1
+            else:
+                stats["left no checkpoint yet"] += 1
+            if temp_dirs(run):
+                stats["left a temporary directory"] += 1
+            args = ["train", "--resume", run, "--no-progress"]
+            if not (run / "spec.toml").is_file():  # killed before the run wrote its spec
+                stats["killed before spec.toml"] += 1
+                args = ["train", spec, "--resume", run, "--no-progress"]
+        again = rng.random() < kill_again
+        code, _, out = runner.run(args, tmp, None, rng.uniform(0, runtime) if again else None)
+        if code != 0 and code != -signal.SIGKILL and "nothing left to train" in out:
+            stats["killed after the end marker"] += 1  # already finished: nothing to resume
+            code = 0
+        elif code == 0 and "starting it again from step 0" in out:
+            stats["restarted from step 0"] += 1
+    if code == 0 and attempts == 0:
+        stats["finished before the kill"] += 1
+    left = temp_dirs(run)
+    if left:
+        raise Failure(f"run {k}: temporary directories left after the run ended: {left}")
+    if not same_state(final_state(run), reference):
+        raise Failure(f"run {k}: final state differs from the uninterrupted run")
+    stats["runs ending bitwise equal"] += 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kills", type=int, default=50, help="runs to kill (default 50)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
+    ap.add_argument("--kill-again", type=float, default=0.3,
+                    help="probability that a resumed run is killed again")
+    ap.add_argument("--fresh", action="store_true", help="a new interpreter per command")
+    ap.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    stats = run_kills(args.kills, args.seed, args.steps, args.every, args.kill_again, args.fresh,
+                      keep=args.keep)
+    print(json.dumps(stats, indent=1))
+    return 0 if stats["failures"] == 0 else 1
+
+
+def run_kills(kills: int, seed: int = 0, steps: int = 12, every: int = 4, kill_again: float = 0.3,
+              fresh: bool = False, keep: bool = False, workdir: Path | None = None) -> dict:
+    """Run the whole procedure; returns the counts (``failures`` lists what went wrong)."""
+    import copy
+
+    rng = random.Random(seed)
+    owned = None
+    if workdir is None:
+        owned = tempfile.TemporaryDirectory(prefix="kill-train-")
+        workdir = Path(owned.name)
+    data = copy.deepcopy(TINY)
+    data["train"].update(steps=steps, checkpoint_every=every)
+    spec = workdir / "tiny.toml"
+    spec.write_text(_toml(data))
+    saves = steps // every + 1  # the periodic saves and the final one
+    runner = Runner(workdir, spec, fresh)
+    stats: Counter = Counter()
+    failures: list[str] = []
+    t0 = time.time()
+    try:
+        code, runtime, out = runner.run(["train", spec, "--out", workdir / "reference",
+                                         "--no-progress"], workdir)
+        if code != 0:
+            raise RuntimeError(out)
+        reference = final_state(workdir / "reference")
+        for k in range(kills):
+            try:
+                trial(rng, runner, spec, workdir, k, reference, runtime, steps, saves,
+                      kill_again, stats)
+            except Failure as exc:
+                failures.append(str(exc))
+                print(f"FAILED: {exc}", file=sys.stderr)
+    finally:
+        runner.close()
+        if owned is not None and not keep:
+            owned.cleanup()
+    return {"trials": kills, "seed": seed, "steps": steps, "checkpoint_every": every,
+            "reference_run_s": round(runtime, 3), "counts": dict(sorted(stats.items())),
+            "failures": len(failures), "failure_messages": failures,
+            "seconds": round(time.time() - t0, 1)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
