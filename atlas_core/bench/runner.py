@@ -160,9 +160,15 @@ def _accepting(make, case: Case, C: int) -> Subject | None:
     return None
 
 
+def _is_composed(rule: Any) -> bool:
+    from ..rule import Rule
+
+    return isinstance(rule, Rule) and rule.composed
+
+
 def _composed(case: Case) -> bool:
     try:
-        return hasattr(case.rule(2, 8, 8), "anchor")
+        return _is_composed(case.rule(2, 8, 8))
     except Exception:  # noqa: BLE001 - a rule that does not build is reported by its subjects
         return False
 

@@ -87,9 +87,9 @@ def per_key_problems(retention: Retention, rule) -> list[str]:
         return []
     if shape != "key":
         return [f"alpha_shape must be 'head' or 'key', got {shape!r}"]
-    spec = getattr(rule, "spec", {}) or {}
+    spec = rule.spec
     out = []
-    if not getattr(rule.structure, "per_key_retain", False):
+    if not rule.structure.per_key_retain:
         out.append(
             f"the retain factor is per key dimension, which structure {spec.get('structure')!r} "
             "cannot apply (it has no key axis to decay); use core:linear")

@@ -26,6 +26,9 @@ class Structure(nn.Module):
     #: `retain` takes a per-key-dimension factor ``[B, H, Dphi]`` (a retention with
     #: ``alpha_shape = "key"``: GLA, KDA); structures without it are refused at build time.
     per_key_retain: bool = False
+    #: `grad_factors` gives each per-token gradient as rank-one factors and `apply_layers` reads
+    #: through the layers as matrix products (``titans:mlp``): ``core:chunkwise``'s dual form.
+    rank_one_grads: bool = False
 
     def __init__(self) -> None:
         super().__init__()

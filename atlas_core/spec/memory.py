@@ -63,7 +63,7 @@ def canonical_component(reg: Registry, kind: str, value: Any, path: str) -> dict
 def _canonical_rule(rule: Any, reg: Registry) -> dict[str, Any]:
     from ..rule import KNOB_KINDS
 
-    raw = dict(getattr(rule, "spec", {}) or {})
+    raw = dict(rule.spec)
     use = raw.get("use")
     out: dict[str, Any] = {}
     if use is not None:
@@ -104,7 +104,9 @@ def _resolve_parallel(value: Any, rule: Any, reg: Registry, issues: list[Issue])
     except (AtlasError, ValueError) as exc:
         issues.append(Issue(path, str(exc), value))
         return None
-    if rule is not None and hasattr(strategy, "supports"):
+    from ..strategies.base import Strategy
+
+    if rule is not None and isinstance(strategy, Strategy):
         ok, reason = strategy.supports(rule)
         if not ok:
             issues.append(

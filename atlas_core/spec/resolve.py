@@ -129,7 +129,7 @@ def _gate_bias_issues(layer: Mapping[str, Any], memory: Mapping[str, Any], reg: 
         rule = build_rule(dict(memory), registry=reg, path="memory")
     except (SpecError, ValueError):  # reported by [memory]'s own checks
         return []
-    return gate_bias_issues(gate_bias, tuple(getattr(rule, "gates", ())))
+    return gate_bias_issues(gate_bias, tuple(rule.gates))
 
 
 def resolve_train(table: Mapping[str, Any], issues: list[Issue]) -> dict | None:

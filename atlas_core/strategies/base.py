@@ -28,6 +28,8 @@ class Strategy:
     name: str = "?"
     #: whether `run` dispatches to kernel backends (`bound_backends`)
     uses_backends: bool = False
+    #: the bound backends (`bind`): None until bound, False for a strategy without backends
+    _backends: Any = None
 
     def supports(self, rule) -> tuple[bool, str]:
         return True, ""
@@ -45,7 +47,7 @@ class Strategy:
         return self
 
     def bound_backends(self):
-        if getattr(self, "_backends", None) is None:  # a strategy object used unbound
+        if self._backends is None:  # a strategy object used unbound
             self.bind()
         return self._backends
 
@@ -81,7 +83,7 @@ def resolve_strategy(rule, value: Any = "auto", registry=None) -> Strategy:
     ok, reason = strat.supports(rule)
     if not ok:
         raise StrategyError(f"strategy {strat.name} cannot run this rule: {reason}")
-    if getattr(strat, "_backends", None) is None:
+    if strat._backends is None:
         strat.bind(registry)
     return strat
 

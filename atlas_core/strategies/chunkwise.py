@@ -208,7 +208,7 @@ class Chunkwise(Strategy):
         """The chunk size this strategy runs ``rule`` with (see `supports`)."""
         if self.chunk_size is not None:
             return self.chunk_size
-        A = int(getattr(rule, "anchor", 1))
+        A = int(rule.anchor)
         if A == 1:
             return MAX_DEFAULT_CHUNK if _anchor_free(rule) else 1
         return self.chunk_for_anchor(A)
@@ -219,9 +219,8 @@ class Chunkwise(Strategy):
         return max(d for d in range(1, min(A, MAX_DEFAULT_CHUNK) + 1) if A % d == 0)
 
     def supports(self, rule) -> tuple[bool, str]:
-        for attr in ("structure", "bias", "retention", "algorithm"):
-            if not hasattr(rule, attr):
-                return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
+        if not rule.composed:
+            return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
         if not rule.retention.linear:
             return False, (
                 f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
@@ -239,7 +238,7 @@ class Chunkwise(Strategy):
             return False, (
                 f"algorithm {rule.spec.get('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
             )
-        A, C = int(getattr(rule, "anchor", 1)), self.chunk_size
+        A, C = int(rule.anchor), self.chunk_size
         free = A == 1 and _anchor_free(rule)  # any chunk: the gradients ignore the memory
         if rule.retention.gradient_at != "current" and not free:
             return False, (
@@ -276,14 +275,13 @@ class Chunkwise(Strategy):
         S = rule.structure
         return (
             rule.algorithm.linear_form in ("gd", "momentum")
-            and callable(getattr(S, "grad_factors", None))
-            and callable(getattr(S, "apply_layers", None))
+            and S.rank_one_grads
         )
 
     def run(self, rule, inputs):
         C = self.chunk_for(rule)
         T = inputs.shape[2]
-        head = (-rule.position(inputs)) % C if getattr(rule, "anchor", 1) > 1 else 0
+        head = (-rule.position(inputs)) % C if rule.anchor > 1 else 0
         if 0 < head < T:  # the call starts inside a chunk: run up to its boundary first
             first, rest = inputs.split(head)
             y1, st = self.run(rule, first)
@@ -297,7 +295,7 @@ class Chunkwise(Strategy):
     # -- PyTorch --------------------------------------------------------------------------------
     def run_torch(self, rule, p):
         B, H, T = p.shape
-        S, c, A = rule.structure, rule.window, int(getattr(rule, "anchor", 1))
+        S, c, A = rule.structure, rule.window, int(rule.anchor)
         # a call aligned to a chunk boundary (see `run`); a short call is one short chunk, not a
         # padded whole one
         C = max(1, min(self.chunk_for(rule), T))

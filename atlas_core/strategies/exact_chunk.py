@@ -147,11 +147,9 @@ class ExactChunk(Strategy):
         return f"{self.name}(chunk_size={self.chunk_size})"
 
     def supports(self, rule) -> tuple[bool, str]:
-        for attr in ("structure", "bias", "retention", "algorithm"):
-            if not hasattr(rule, attr):
-                return False, "core:exact_chunk runs knob-composed rules; this rule is standalone"
-        spec = getattr(rule, "spec", {})
-        anchor = getattr(rule, "anchor", 1)
+        if not rule.composed:
+            return False, "core:exact_chunk runs knob-composed rules; this rule is standalone"
+        spec, anchor = rule.spec, rule.anchor
         if anchor != 1:
             return False, (
                 f"the rule is anchored (anchor = {anchor}: every gradient of a block is taken at "

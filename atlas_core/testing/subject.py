@@ -220,7 +220,7 @@ class Subject:
     def with_anchor(self, rule, anchor: int):
         """``rule`` rebuilt with ``anchor`` (same spec, seed, dtype and sizes; cached), for the
         variants that need it. Raises what `build_rule` raises (a standalone rule takes no anchor)."""
-        if getattr(rule, "anchor", 1) == anchor and self.composed(rule):
+        if self.composed(rule) and rule.anchor == anchor:
             return rule
         built = self._built()
         key = (id(rule), anchor)

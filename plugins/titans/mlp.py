@@ -109,6 +109,8 @@ class MLPMemory(Structure):
         return {k: self.init[k].to(w.dtype) + w for k, w in W.items()}
 
     # -- reads ----------------------------------------------------------------------------------
+    rank_one_grads = True  # grad_factors / apply_layers below: core:chunkwise's dual form
+
     def apply_layers(self, x: torch.Tensor, linear) -> torch.Tensor:
         """The read with every matrix product delegated: ``linear(name, h)`` returns the layer
         ``name`` applied to ``h: [B, H, N, in]`` as ``[B, H, N, out]``. `read` passes a plain

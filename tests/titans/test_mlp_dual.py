@@ -129,13 +129,13 @@ def test_grad_factors_rebuild_the_per_token_gradients(depth, residual):
 
 
 def test_structures_without_factors_keep_the_per_token_path():
-    """A structure without grad_factors / apply_layers (here titans:mlp with them hidden) is not
-    sent to the dual form."""
+    """A structure that does not declare rank_one_grads (here titans:mlp with the declaration
+    withdrawn) is not sent to the dual form."""
     rule, *_ = make("core:gd", "core:l2", "after", 2, True, "silu")
     assert Chunkwise().dual_path(rule)
 
     class Plain(type(rule.structure)):
-        grad_factors = None
+        rank_one_grads = False
 
     rule.structure.__class__ = Plain
     assert not Chunkwise().dual_path(rule)
