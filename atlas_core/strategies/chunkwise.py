@@ -299,6 +299,12 @@ class Chunkwise(Strategy):
         # a call aligned to a chunk boundary (see `run`); a short call is one short chunk, not a
         # padded whole one
         C = max(1, min(self.chunk_for(rule), T))
+        if p.alpha.dim() == 4 and A == 1 and rule.bias.error_kind == "dot":
+            # per-key decay with the dot bias (GLA): its gradients ignore the memory, so the
+            # anchored form is the exact one, run for all chunks at once
+            from .key_decay_chunk import run_key_decay
+
+            return run_key_decay(rule, p, C)
         W = {k: p.state[k] for k in S.weight_shapes()}
         opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
         xk, xv, xg = rule._extended(p)
