@@ -6,10 +6,11 @@ Every line of ``metrics.jsonl`` is one JSON object with ``"kind"``:
   global batch), ``lr``, ``grad_norm`` (before clipping), ``tokens_per_s``, ``elapsed_s``;
 - ``"eval"``: ``step``, ``loss``, ``accuracy`` (argmax over the counted targets), ``perplexity``,
   ``tokens`` (counted targets evaluated);
-- ``"run"``: start / resume / interrupt / end markers with the step; ``"first_step"`` with
-  ``seconds`` (the first optimizer step, which pays torch.compile's compilation with
-  ``compile = true``) and ``compiled``; ``"estimate"`` with ``projected_s`` (the whole run's
-  projected duration, from the steps after the first).
+- ``"run"``: start / resume / interrupt / end markers with the step;
+- ``"timing"``: ``event = "first_step"`` with ``seconds`` (the first optimizer step, which pays
+  torch.compile's compilation with ``compile = true``) and ``compiled``; ``event = "estimate"``
+  with ``projected_s`` (the whole run's projected duration, from the steps after the first) and
+  ``seconds_per_step``.
 
 Alongside the log, the trainer prints lines a person reads on stderr (the same whether or not
 stderr is a terminal; the progress bar only on a terminal): `start_line`, `eval_line`,

@@ -448,7 +448,7 @@ class Trainer:
             print(line, file=sys.stderr, flush=True)
 
     def _first_step(self, seconds: float) -> None:
-        self.log.write({"kind": "run", "event": "first_step", "step": self.step,
+        self.log.write({"kind": "timing", "event": "first_step", "step": self.step,
                         "seconds": seconds, "compiled": self.p.compile})
         if self.p.compile:
             self.say(f"compile: the first step took {duration(seconds)} ({seconds:.1f} s), "
@@ -456,7 +456,7 @@ class Trainer:
 
     def _estimate(self, seconds_per_step: float, remaining: int, tokens_per_step: int) -> None:
         projected = self.elapsed() + remaining * seconds_per_step
-        self.log.write({"kind": "run", "event": "estimate", "step": self.step,
+        self.log.write({"kind": "timing", "event": "estimate", "step": self.step,
                         "projected_s": projected, "seconds_per_step": seconds_per_step})
         if projected > LONG_RUN_S:
             self.say(estimate_line(projected, seconds_per_step,
