@@ -9,7 +9,7 @@ and writes its ``tokenizer.json``; a text task uses it with ``mode = "bpe"`` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
