@@ -44,7 +44,9 @@ class Algorithm:
         return {}
 
     def step(self, W, opt, g, *, alpha, gates, retention):
-        """One token: returns (W_t, opt_t). ``alpha`` is [B, H]; ``gates`` maps name -> [B, H]."""
+        """One token: returns (W_t, opt_t). ``alpha`` is [B, H]; ``gates`` maps name -> [B, H].
+        A per-key retain factor (``Retention.alpha_shape = "key"``) is applied to W by the
+        structure (`Structure.retain`) before the step, which then gets ``alpha = 1``."""
         raise NotImplementedError
 
     def chunk(self, W0, opt0, G, *, decay, gates):
