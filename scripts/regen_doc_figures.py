@@ -99,11 +99,14 @@ def precision_section(tmp: Path, steps: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sections", nargs="*", choices=["default", "precision"],
-                    default=["default", "precision"])
+    ap.add_argument("sections", nargs="*", help="default and/or precision (default: both)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--steps", type=int, default=50, help="steps of the precision runs")
     args = ap.parse_args(argv)
+    args.sections = args.sections or ["default", "precision"]
+    unknown = sorted(set(args.sections) - {"default", "precision"})
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(unknown)}: choose default and/or precision")
     import torch
 
     torch.set_num_threads(args.threads)

@@ -1,0 +1,296 @@
+"""Every shell command of the docs runs: the fenced ``bash`` blocks of README.md and docs/*.md.
+
+The commands are found when the test runs (docs change; a new command is run without editing this
+file), each run at small settings in a sandbox directory that links the repository's inputs
+(``examples/``, ``docs/``, ...), so that ``runs/``, ``hf/`` and other outputs never touch the
+checkout. What is changed and what is left out is in the three reviewed tables below:
+
+- `NOT_RUN`: commands deliberately not run, each with the reason;
+- `SUBSTITUTIONS`: rewrites that make a command small (fewer steps, shorter sequences, ...);
+- `SETUP`: what a document's commands use but the document does not create in a ``bash`` block
+  (a run its Python example trains, the user's own corpus), made before its commands run.
+
+Within one document the ``atlas train`` commands run first (later commands read their runs),
+then the rest in document order. ``atlas`` commands run in one Python process per document (the
+CLI's own entry point; the start-up of torch is paid once); ``python``/``bash`` commands run as
+subprocesses. A failure is reported with the document, the line, the command as run, the exit
+status and the end of its output; a command matching no table is simply run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- the reviewed tables --------------------------------------------------------------------------
+NOT_RUN: list[tuple[str, str]] = [
+    (r"^bash scripts/(setup|test)\.sh", "installs into a virtual environment (and runs the whole "
+     "suite): the test environment is already installed"),
+    (r"^pip install", "installs packages from an index or a path; the test environment has them"),
+    (r"^pytest\b", "runs another test suite (the coordinator runs it)"),
+    (r"^torchrun\b", "a multi-process launch; tests/train/test_distributed.py covers "
+     "data-parallel training"),
+    (r"--nproc [2-9]", "spawns processes; tests/train/test_distributed.py covers --nproc"),
+    (r"benchmarks/compare_mqar\.py", "a benchmark of minutes to hours; atlas compare is tested "
+     "in tests/train/test_compare.py"),
+    (r"benchmarks/bench_strategies\.py", "the benchmark sweep (writes docs/img); "
+     "tests/bench/test_bench_cli.py runs the script at tiny sizes"),
+    (r"^atlas bench\s*$", "the full sweep of docs/benchmarks.md (about 40 minutes)"),
+    (r"--device cuda|\bcuda\b", "needs a GPU"),
+]
+
+SUBSTITUTIONS: list[tuple[str, str, str]] = [
+    # (pattern, replacement, why)
+    (r"--steps \d+", "--steps 2", "two optimizer steps show that a training command runs"),
+    (r"^(atlas train\b(?!.*--steps).*)$", r"\1 --steps 2", "the same, where no --steps is given"),
+    (r"--lengths [\d,]+", "--lengths 16", "one short sequence length per benchmark"),
+    (r"^(atlas bench\b.*)$", r"\1 --batch 1 --heads 1 --dim 4 --chunk 8 --exact-chunks 8 "
+     "--decode-chunks 16,32 --decode-tokens 2 --repeats 1 --threads 1 --no-memory",
+     "tiny benchmark sizes (the flags given last win)"),
+    (r"--max-new-tokens \d+", "--max-new-tokens 4", "a few generated tokens"),
+    (r"--batches \d+", "--batches 1", "one evaluation batch"),
+    (r"--vocab-size \d+", "--vocab-size 300", "a tokenizer the small generated corpus can fill"),
+    (r"runs/shakespeare", "runs/text-char", "the text run the docs build is examples/text_char.toml"),
+]
+
+_TINY_CORPUS = (
+    "import json, pathlib\n"
+    "text = pathlib.Path('docs/math.md').read_text()\n"
+    "paras = [p for p in text.split('\\n\\n') if p.strip()][:60]\n"
+    "pathlib.Path('corpus.jsonl').write_text(''.join(json.dumps({'text': p}) + '\\n' for p in paras))\n"
+)
+_CORPUS_SPEC = textwrap.dedent("""\
+    schema = "atlas/1"
+    name = "corpus"
+    [model]
+    arch = "core:lm"
+    vocab_size = 300
+    d_model = 16
+    depth = 1
+    heads = 2
+    [memory]
+    structure = "core:linear"
+    bias = "core:l2"
+    retention = "core:none"
+    algorithm = "core:gd"
+    feature_map = "core:identity"
+    read = "after"
+    [train]
+    task = { use = "text", path = "corpus.jsonl", tokenizer = "tokenizer.json", seq_len = 32 }
+    steps = 2
+    batch_size = 2
+    eval_batches = 1
+""")
+
+SETUP: dict[str, list[str]] = {
+    # README's Python example trains runs/mqar-small before `atlas export-hf` reads it
+    "README.md": ["atlas train examples/mqar_default.toml --steps 2 --out runs/mqar-small"],
+    # the user's corpus and the run of the doc's spec (its TOML block is a fragment)
+    "docs/data.md": [f"python -c {shlex.quote(_TINY_CORPUS)}",
+                     "atlas tokenizer train corpus.jsonl --vocab-size 300 --out tokenizer.json",
+                     f"write corpus.toml {shlex.quote(_CORPUS_SPEC)}",
+                     "atlas train corpus.toml --steps 2 --out runs/corpus"],
+    # the runs the Hugging Face guide exports
+    "docs/huggingface.md": [
+        "atlas train examples/text_char.toml --steps 2 --out runs/text-char",
+        "atlas train examples/mqar_default.toml --steps 2 --out runs/mqar"],
+}
+# `runs/mqar/checkpoints/step-000002000` and the like name a later step than 2 steps reach
+STEP_DIR = (r"checkpoints/step-\d{9}", "checkpoints/step-000000002")
+
+# what the sandbox links from the checkout (inputs only: nothing is written through them except
+# by commands in NOT_RUN)
+LINKED = ["examples", "docs", "benchmarks", "packages", "scripts", "atlas_core", "plugins"]
+PER_DOC_TIMEOUT = 240
+
+
+# -- finding the commands -------------------------------------------------------------------------
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def commands(doc: Path) -> list[tuple[int, str]]:
+    """(line number, command) for every command of the doc's ``bash``/``sh`` blocks; a trailing
+    backslash joins lines; comment lines and blank lines are skipped."""
+    out = []
+    lines = doc.read_text().splitlines()
+    fence, i = None, 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if fence is None:
+            m = re.match(r"^(`{3,}|~{3,})\s*(bash|sh|shell)\s*$", stripped)
+            if m:
+                fence = m.group(1)
+            i += 1
+            continue
+        if stripped.startswith(fence):
+            fence = None
+            i += 1
+            continue
+        start, text = i + 1, stripped
+        while text.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            text = text[:-1].rstrip() + " " + lines[i].strip()
+        i += 1
+        if text and not text.startswith("#"):
+            out.append((start, text))
+    return out
+
+
+def strip_comment(command: str) -> str:
+    """The command without a trailing ``# comment`` (a ``#`` inside quotes is kept)."""
+    quote = None
+    for k, ch in enumerate(command):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (k == 0 or command[k - 1].isspace()):
+            return command[:k].rstrip()
+    return command
+
+
+def plan(doc: Path) -> tuple[list[dict], list[tuple[int, str, str]]]:
+    """The commands to run (setup first, then trains, then the rest) and those skipped."""
+    rel = doc.relative_to(ROOT).as_posix()
+    run, skipped = [], []
+    for line, raw in commands(doc):
+        cmd = strip_comment(raw)
+        reason = next((why for pat, why in NOT_RUN if re.search(pat, cmd)), None)
+        if reason:
+            skipped.append((line, cmd, reason))
+            continue
+        small = cmd
+        for pat, rep, _ in SUBSTITUTIONS:
+            small = re.sub(pat, rep, small)
+        small = re.sub(STEP_DIR[0], STEP_DIR[1], small)
+        run.append({"line": line, "doc": cmd, "cmd": small})
+    trains = [c for c in run if c["cmd"].startswith("atlas train") and "--resume" not in c["cmd"]]
+    rest = [c for c in run if c not in trains]
+    setup = [{"line": 0, "doc": s, "cmd": s} for s in SETUP.get(rel, [])]
+    return setup + trains + rest, skipped
+
+
+# -- running them -----------------------------------------------------------------------------------
+DRIVER = r'''
+import contextlib, io, json, os, shlex, subprocess, sys, traceback
+from pathlib import Path
+sys.argv = ["atlas"]
+from atlas_cli.main import run as atlas
+results = []
+for item in json.loads(sys.stdin.read()):
+    cmd = item["cmd"]
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    try:
+        if cmd.startswith("write "):
+            _, name, body = shlex.split(cmd)
+            Path(name).write_text(body)
+        else:
+            argv = shlex.split(cmd)
+            env = {}
+            while argv and "=" in argv[0] and not argv[0].startswith("-"):
+                key, value = argv.pop(0).split("=", 1)
+                env[key] = value
+            target = None
+            if ">" in argv:
+                k = argv.index(">")
+                target, argv = argv[k + 1], argv[:k]
+            if argv[0] == "atlas" and not env:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    try:
+                        atlas(argv[1:])
+                    except SystemExit as exc:
+                        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+                if target:
+                    Path(target).write_text(out.getvalue())
+            else:
+                if argv[0] == "python":
+                    argv[0] = sys.executable
+                elif argv[0] == "atlas":
+                    argv = [sys.executable, "-m", "atlas_cli.main", *argv[1:]]
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=180,
+                                      env={**os.environ, **env})
+                code = proc.returncode
+                out.write(proc.stdout)
+                err.write(proc.stderr)
+                if target:
+                    Path(target).write_text(proc.stdout)
+    except Exception:
+        code, _ = 1, err.write(traceback.format_exc())
+    results.append({"code": code, "tail": (out.getvalue() + err.getvalue())[-1500:]})
+    print(json.dumps(results[-1]), flush=True)
+'''
+
+
+def _sandbox(tmp_path: Path) -> Path:
+    box = tmp_path / "sandbox"
+    box.mkdir()
+    for name in LINKED:
+        if (ROOT / name).exists():
+            (box / name).symlink_to(ROOT / name)
+    return box
+
+
+def _ids() -> list[str]:
+    return [d.relative_to(ROOT).as_posix() for d in documents()]
+
+
+def test_the_tables_are_well_formed():
+    """Every pattern compiles; every skip has a reason; the setup keys name documents."""
+    for pat, why in NOT_RUN:
+        re.compile(pat)
+        assert len(why) > 10
+    for pat, _, why in SUBSTITUTIONS:
+        re.compile(pat)
+        assert len(why) > 10
+    names = set(_ids())
+    assert set(SETUP) <= names, sorted(set(SETUP) - names)
+
+
+def test_commands_are_found_in_fenced_blocks(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("text\n```bash\natlas train a.toml \\\n  --steps 9   # note\n# a comment\n\n"
+                   "pip install x\n```\n```toml\nnot = 'a command'\n```\n")
+    assert commands(doc) == [(3, "atlas train a.toml --steps 9   # note"), (7, "pip install x")]
+    assert strip_comment("atlas eval r --task '{use = \"a#b\"}'  # c") == \
+        "atlas eval r --task '{use = \"a#b\"}'"
+
+
+@pytest.mark.parametrize("doc", _ids())
+def test_doc_commands_run(doc, tmp_path):
+    path = ROOT / doc
+    todo, skipped = plan(path)
+    if not [c for c in todo if c["line"]]:
+        # nothing of this document runs; every command it has is in NOT_RUN, with its reason
+        assert all(reason for _, _, reason in skipped)
+        return
+    box = _sandbox(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "ATLAS_DEBUG"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(todo), cwd=box,
+                          capture_output=True, text=True, timeout=PER_DOC_TIMEOUT, env=env)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    problems = []
+    if len(results) != len(todo):
+        problems.append(f"the driver stopped after {len(results)} of {len(todo)} commands "
+                        f"(exit {proc.returncode}): {proc.stderr[-1500:]}")
+    for item, res in zip(todo, results):
+        if res["code"] != 0:
+            where = f"{doc}:{item['line']}" if item["line"] else f"{doc} (SETUP)"
+            ran = "" if item["cmd"] == item["doc"] else f"\n    run as: {item['cmd']}"
+            problems.append(f"{where}: exit {res['code']}: {item['doc']}{ran}\n"
+                            + textwrap.indent(res["tail"].strip(), "    | "))
+    assert not problems, ("documented commands that fail (fix the doc or the code; or add a "
+                          "reviewed entry to NOT_RUN / SUBSTITUTIONS / SETUP in "
+                          "tests/test_docs_commands.py):\n" + "\n".join(problems))
