@@ -124,8 +124,8 @@ def check_values(rule: Any, args: tuple, kwargs: dict) -> None:
     arguments = _arguments(rule, args, kwargs)
     if arguments is None:
         return
-    declared = {g.name: g for g in getattr(rule, "gates", ())}
-    composed = hasattr(rule, "structure")
+    declared = {g.name: g for g in rule.gates}
+    composed = rule.composed
     for key, value in arguments.items():
         if isinstance(value, torch.Tensor):
             _check_finite(key, value, CALL_AXES)

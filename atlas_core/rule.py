@@ -120,6 +120,18 @@ class Rule(nn.Module):
         """Fix the sizes a caller works with (heads, Dk, Dv); the base records nothing."""
         return self
 
+    @property
+    def gate_names(self) -> tuple[str, ...]:
+        """The names of `gates`, sorted."""
+        return tuple(sorted(g.name for g in self.gates))
+
+    def example_inputs(self, *, batch: int, seq_len: int, dtype=torch.float32, device=None,
+                       generator: torch.Generator | None = None) -> Mapping[str, Any] | None:
+        """Keyword arguments of a valid call for the conformance kit (tensors ``[B, T, ...]``, or
+        one level of dicts of them); None: the kit makes a knob-composed rule's calls itself and
+        skips the tensor checks of a standalone rule without them (docs/plugins.md)."""
+        return None
+
     def prepare(self, *args, **kwargs):
         raise NotImplementedError
 
@@ -298,11 +310,6 @@ class ComposedRule(Rule):
         self._retention_gated = bool(_declared_gates(self.retention)) or self.retention.fixed_alpha
 
     # -- sizes ----------------------------------------------------------------------------------
-    @property
-    def gate_names(self) -> tuple[str, ...]:
-        """The names of `gates`, sorted."""
-        return tuple(sorted(g.name for g in self.gates))
-
     @property
     def window(self) -> int:
         return int(self.bias.window)

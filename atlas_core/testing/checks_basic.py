@@ -256,7 +256,7 @@ def check_capabilities_hold(subject) -> None:
 
         if type(obj).chunk is Algorithm.chunk:
             raise Failure(f"{subject.name} declares capability 'chunk' but does not implement chunk()")
-    if subject.kind == "retention" and getattr(obj, "linear", True):
+    if subject.kind == "retention" and obj.linear:  # Retention declares linear
         import torch
 
         g = torch.Generator().manual_seed(5)

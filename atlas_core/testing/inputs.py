@@ -59,13 +59,13 @@ def composed_inputs(rule, B: int, T: int, *, dtype, device, seed: int, mode: str
 
 
 def standalone_inputs(rule, name: str, B: int, T: int, *, dtype, device, seed: int) -> dict:
-    fn = getattr(rule, "example_inputs", None)
-    if fn is None:
+    raw = rule.example_inputs(batch=B, seq_len=T, dtype=dtype, device=torch.device(device),
+                              generator=generator(seed))
+    if raw is None:  # the Rule base's: no example inputs
         raise Skip(
             f"{name} is a standalone rule without example_inputs(batch=, seq_len=, dtype=, device=, "
             "generator=), so the kit cannot make calls for it (docs/plugins.md#standalone-rules)"
         )
-    raw = fn(batch=B, seq_len=T, dtype=dtype, device=torch.device(device), generator=generator(seed))
     if not isinstance(raw, Mapping):
         raise Failure(f"example_inputs returned {type(raw).__name__}, not a mapping of keyword arguments")
     flat = flatten(raw)
