@@ -151,7 +151,8 @@ class Runner:
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline())
-        return answer["code"], answer["seconds"], log.read_text()
+        # a child killed at once has not opened its log yet
+        return answer["code"], answer["seconds"], log.read_text() if log.exists() else ""
 
     def close(self) -> None:
         if self.proc is not None:
@@ -188,18 +189,26 @@ class Failure(AssertionError):
 
 
 def trial(rng: random.Random, runner: Runner, spec: Path, tmp: Path, k: int, reference,
-          runtime: float, steps: int, saves: int, kill_again: float, stats: Counter) -> None:
-    """One run killed at a random moment, then resumed (and maybe killed again) to the end."""
+          runtime: float, steps: int, saves: int, kill_again: float, stats: Counter,
+          mode: str | None = None) -> None:
+    """One run killed at a random moment, then resumed (and maybe killed again) to the end.
+
+    ``mode``: ``"time"`` (a random delay) or ``"<point>:<n>"`` (that point of the n-th save);
+    None draws one at random."""
     from atlas_core.train.checkpoint import latest_checkpoint, load_checkpoint
 
     run = tmp / f"run{k:03d}"
-    hook = rng.random() < 0.5
+    if mode is None:
+        hook = rng.random() < 0.5
+        if hook:
+            mode = f"{rng.choice(POINTS)}:{rng.randint(1, saves)}"
+    else:
+        hook = mode != "time"
     env = {}
     kill_after = None
     if hook:
-        point = rng.choice(POINTS)
-        env = {"ATLAS_CHECKPOINT_KILL_AT": f"{point}:{rng.randint(1, saves)}"}
-        stats[f"kill at {point}"] += 1
+        env = {"ATLAS_CHECKPOINT_KILL_AT": mode}
+        stats[f"kill at {mode.split(':')[0]}"] += 1
     else:
         kill_after = rng.uniform(0.0, runtime * 1.1)
     code, _, out = runner.run(["train", spec, "--out", run, "--no-progress"], tmp, env, kill_after)
@@ -265,8 +274,10 @@ def main(argv=None) -> int:
 
 
 def run_kills(kills: int, seed: int = 0, steps: int = 12, every: int = 4, kill_again: float = 0.3,
-              fresh: bool = False, keep: bool = False, workdir: Path | None = None) -> dict:
-    """Run the whole procedure; returns the counts (``failures`` lists what went wrong)."""
+              fresh: bool = False, keep: bool = False, workdir: Path | None = None,
+              schedule: list[str] | None = None) -> dict:
+    """Run the whole procedure; returns the counts (``failures`` lists what went wrong).
+    ``schedule``: the kill of each run in turn (`trial`'s ``mode``), instead of random ones."""
     import copy
 
     rng = random.Random(seed)
@@ -292,7 +303,7 @@ def run_kills(kills: int, seed: int = 0, steps: int = 12, every: int = 4, kill_a
         for k in range(kills):
             try:
                 trial(rng, runner, spec, workdir, k, reference, runtime, steps, saves,
-                      kill_again, stats)
+                      kill_again, stats, schedule[k % len(schedule)] if schedule else None)
             except Failure as exc:
                 failures.append(str(exc))
                 print(f"FAILED: {exc}", file=sys.stderr)
