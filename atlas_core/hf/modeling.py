@@ -56,6 +56,14 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
 
             native = build_model(config.spec())
         self.model = native
+        # Buffers that are not saved with the weights (e.g. fixed coefficients of a feature map):
+        # from_pretrained replaces them with empty tensors; `_restore_buffers` puts back these
+        # values, computed when the native model was built.
+        self._atlas_buffers = {
+            id(mod): {name: buf.detach().clone() for name, buf in mod._buffers.items()
+                      if buf is not None and name in mod._non_persistent_buffers_set}
+            for mod in native.modules() if mod._non_persistent_buffers_set
+        }
         ties = _ties(native)
         # The native model ties its own weights when it is built; declaring the ties lets
         # save_pretrained store a shared tensor once and from_pretrained restore the sharing.
@@ -73,8 +81,39 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
         return [c for c in contexts if not (isinstance(c, torch.device) and c.type == "meta")]
 
     def _init_weights(self, module: torch.nn.Module) -> None:
-        """Nothing: every atlas module initialises itself when it is built (the generic
-        Hugging Face initialisation would overwrite gate biases, persistent tokens, ...)."""
+        """Nothing: every atlas module initialises itself when it is built (the generic Hugging
+        Face initialisation would overwrite gate biases, persistent tokens, ...);
+        `from_pretrained` refuses a directory that lacks any weight and restores the unsaved
+        buffers itself."""
+
+    @torch.no_grad()
+    def _restore_buffers(self) -> None:
+        """Put back the unsaved buffers' build-time values (loading replaces them)."""
+        for mod in self.model.modules():
+            for name, value in self._atlas_buffers.get(id(mod), {}).items():
+                buf = mod._buffers.get(name)
+                if buf is not None:
+                    mod._buffers[name] = value.to(device=buf.device, dtype=buf.dtype)
+
+    @classmethod
+    def from_pretrained(cls, *args: Any, **kwargs: Any):
+        """``PreTrainedModel.from_pretrained``, refusing weights that do not fit the spec: a
+        missing weight would otherwise be left uninitialised, an unexpected one ignored."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(set(info.get("missing_keys", ())) - set(model._tied_weights_keys))
+        unexpected = sorted(info.get("unexpected_keys", ()))
+        mismatched = [str(m[0]) if isinstance(m, (tuple, list)) else str(m)
+                      for m in info.get("mismatched_keys", ())]
+        if missing or unexpected or mismatched:
+            where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+            parts = [f"{label} {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}"
+                     for label, keys in (("missing", missing), ("unexpected", unexpected),
+                                         ("shape mismatch", mismatched)) if keys]
+            raise ValueError(f"{where}: the weights do not fit the spec in its config.json "
+                             f"({'; '.join(parts)}); export the checkpoint again with atlas export-hf")
+        model._restore_buffers()
+        return (model, info) if want_info else model
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

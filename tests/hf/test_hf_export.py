@@ -159,3 +159,45 @@ def test_bpe_model_exports_its_tokenizer(tmp_path):
     new = out_ids[0, len(ids):].tolist()
     assert new == native["ids"] and max(new) < size
     assert hf_tok.decode(new) == native["text"]
+
+
+POLY = {"schema": "atlas/1", "name": "hf-poly",
+        "model": {"arch": "core:lm", "vocab_size": VOCAB, "d_model": 16, "depth": 1, "heads": 2},
+        "memory": {"structure": "core:linear", "bias": "core:l2", "retention": "core:none",
+                   "algorithm": "core:gd", "read": "after",
+                   # fixed coefficients: a buffer that is not saved with the weights
+                   "feature_map": {"use": "omega:poly", "mode": "elementwise", "degree": 2,
+                                   "coefficients": "fixed"}}}
+
+
+def test_unsaved_buffers_get_their_build_values_on_loading(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from atlas_core.hf import AtlasConfig, AtlasForCausalLM
+    from atlas_core.model import build_model
+
+    native = build_model(POLY).eval()
+    unsaved = {n for n, _ in native.named_buffers()} - set(native.state_dict())
+    assert unsaved  # the case under test
+    AtlasForCausalLM(AtlasConfig.from_spec(native.spec), native=native).save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    for name, buf in native.named_buffers():
+        assert torch.equal(dict(back.model.named_buffers())[name], buf), name
+    ids = torch.randint(0, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, native(ids), rtol=0, atol=1e-5)
+
+
+def test_weights_that_do_not_fit_are_refused(ckpt, tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from atlas_core.hf import export_checkpoint
+
+    export_checkpoint(ckpt, tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    dropped = sorted(k for k in weights if k.endswith("norm_mlp.weight"))[0]
+    del weights[dropped]
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"missing {dropped}.*atlas export-hf"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
