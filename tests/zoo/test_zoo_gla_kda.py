@@ -279,3 +279,18 @@ def test_chunkwise_runs_an_anchored_per_key_delta_rule(read):
         got = run({"use": "core:chunkwise", "chunk_size": C}, cuts)
         for a, b in zip((ref[0], ref[1], *ref[2]), (got[0], got[1], *got[2])):
             torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-9)
+
+
+def test_the_zoo_benchmark_runs_and_agrees(capsys):
+    """benchmarks/bench_zoo.py at a tiny size: every row's outputs equal fla's (it asserts so)."""
+    import importlib.util
+    from pathlib import Path
+
+    fla_reference("ops/kda/naive.py")  # skips without fla-core, as the benchmark needs it
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_zoo.py"
+    spec = importlib.util.spec_from_file_location("_bench_zoo", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--T", "64", "--H", "1", "--D", "8", "--C", "16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| `zoo:") == 8 and "`zoo:kda` | `core:exact_chunk`" in out
