@@ -128,13 +128,30 @@ def test_save_pretrained_round_trips_bitwise(exported, tmp_path):
                        hf.generate(ids, max_new_tokens=8, do_sample=False))
 
 
-def test_labels_give_the_native_loss(exported):
+def test_labels_give_the_native_loss_and_gradients(exported):
     _, _, native, hf = exported
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        loss = hf(ids, labels=ids).loss
-        want = native.loss(ids[:, :-1], ids[:, 1:])
+    hf.zero_grad(set_to_none=True)
+    native.zero_grad(set_to_none=True)
+    loss = hf(ids, labels=ids).loss
+    want = native.loss(ids[:, :-1], ids[:, 1:])
     torch.testing.assert_close(loss, want, rtol=0, atol=1e-6)
+    loss.backward()
+    want.backward()
+    grads = {n: p.grad for n, p in native.named_parameters()}
+    for name, p in hf.model.named_parameters():
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, grads[name], rtol=1e-5, atol=1e-6)
+    hf.zero_grad(set_to_none=True)
+    native.zero_grad(set_to_none=True)
+
+
+def test_generate_without_cache_gives_the_same_tokens(exported):
+    """use_cache=False runs the whole sequence again at every step (the slow reference)."""
+    _, _, _, hf = exported
+    prompt = torch.tensor([PROMPT])
+    assert torch.equal(hf.generate(prompt, max_new_tokens=10, do_sample=False, use_cache=False),
+                       hf.generate(prompt, max_new_tokens=10, do_sample=False))
 
 
 def test_cache_size_is_bounded(exported):
