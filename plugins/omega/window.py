@@ -29,7 +29,8 @@ rule.) ``core:chunkwise`` uses a banded ``[C, C + c - 1]`` window matrix inside 
 
 Tensor arguments of `error` / `loss` (forwarded to the inner bias): ``pred, v: [..., Dv]``.
 Declared traits forwarded from the inner bias: its gates (plus ``gamma`` with ``gamma = "gate"``),
-its per-token `weight` (times ``gamma``), ``error_kind`` and ``prediction_free``.
+its per-token `weight` (times ``gamma``; handed the key when the inner bias declares
+``weight_reads_key``), ``error_kind`` and ``prediction_free``.
 """
 
 from __future__ import annotations
@@ -95,14 +96,16 @@ class OmegaWindow(Bias):
         self.gamma_gate = gamma == "gate"
         self.prediction_free = bool(inner.prediction_free)
         self.error_kind = inner.error_kind  # the error is the inner bias's
+        self.weight_reads_key = bool(inner.weight_reads_key)  # its weight may read the key
 
     @property
     def gates(self) -> tuple[Gate, ...]:
         return tuple(self.inner.gates) + ((GAMMA,) if self.gamma_gate else ())
 
-    def weight(self, gates: dict, like: torch.Tensor) -> torch.Tensor | None:
-        """The inner bias's per-token weight times ``gamma`` (with ``gamma = "gate"``)."""
-        w = self.inner.weight(gates, like)
+    def weight(self, gates: dict, like: torch.Tensor, key: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The inner bias's per-token weight times ``gamma`` (with ``gamma = "gate"``); ``key``
+        (``[B, T, H, Dphi]``) is handed on when the inner bias reads it."""
+        w = self.inner.weight(gates, like, key=key) if self.weight_reads_key else self.inner.weight(gates, like)
         if self.gamma_gate:
             return gates["gamma"] if w is None else w * gates["gamma"]
         return w

@@ -117,3 +117,24 @@ def test_a_bias_that_does_not_declare_the_key_is_called_without_it():
         ref = ac.build_rule("zoo:deltanet", heads=H, d_key=D, d_value=D)
         y_ref, _ = ref(q, k, v, gates={"theta": theta * rho})
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_an_omega_window_forwards_the_key_to_a_normalised_bias():
+    """omega:window around zoo:normalized_l2 with c = 1 is zoo:longhorn (the window hands the key
+    on); with c = 3 every strategy that accepts it equals the sequential loop."""
+    q, k, v, theta = _inputs(4)
+    lh = ac.build_rule("zoo:longhorn", heads=H, d_key=D, d_value=D)
+    win = {"use": "zoo:longhorn", "bias": {"use": "omega:window", "inner": "zoo:normalized_l2", "window": 1,
+                                            "gamma": "decay"}}
+    one = ac.build_rule(win, heads=H, d_key=D, d_value=D)
+    assert one.bias.weight_reads_key
+    with torch.no_grad():
+        y1, _ = lh(q, k, v, gates={"theta": theta})
+        y2, _ = one(q, k, v, gates={"theta": theta})
+    torch.testing.assert_close(y2, y1, rtol=1e-12, atol=1e-12)
+    three = ac.build_rule({**win, "bias": {**win["bias"], "window": 3}}, heads=H, d_key=D, d_value=D)
+    with torch.no_grad():
+        ref, _ = three(q, k, v, gates={"theta": theta}, strategy="core:sequential")
+        fast, _ = three(q, k, v, gates={"theta": theta}, strategy={"use": "core:exact_chunk", "chunk_size": 7})
+    torch.testing.assert_close(fast, ref, rtol=1e-10, atol=1e-10)
+    assert (ref - y1).abs().max() > 1e-3
