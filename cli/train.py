@@ -61,6 +61,7 @@ def train(
     out: Annotated[Optional[str], typer.Option("--out", help="run directory (default: runs/<spec name>, the first free one)")] = None,
     resume: Annotated[Optional[str], typer.Option("--resume", help="continue from a checkpoint or run directory")] = None,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="data-parallel processes (gloo on CPU, NCCL on CUDA)")] = 1,
+    context_parallel: Annotated[int, typer.Option("--context-parallel", min=1, help="split each sequence along time over R processes (memory layers pass their state between them; --nproc defaults to R)")] = 1,
     shard: Annotated[Shard, typer.Option("--shard", help="data-parallel engine with N processes: ddp (a whole model per process) or fsdp (each process holds 1/N of the parameters and optimiser state; checkpoints stay whole)")] = Shard.ddp,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="show the progress bar on stderr")] = True,
     fmt: FormatOption = None,
@@ -74,7 +75,8 @@ def train(
                              seed=seed, device=device.value if device else None)
     try:
         run = api_train(files[0] if files else None, out=out, resume=resume, nproc=nproc,
-                        progress=progress, overrides=overrides, shard=shard.value)
+                        progress=progress, overrides=overrides, shard=shard.value,
+                        context_parallel=context_parallel)
     except TrainingInterrupted as exc:  # not a failure: one line (JSON: an error object), exit 130
         if resolve_format(fmt) is OutputFormat.json:
             emit_error(exc, 130)
@@ -99,5 +101,6 @@ def register(app: typer.Typer) -> None:
             "atlas train --resume runs/mqar --steps 4000",
             "atlas train examples/mqar_default.toml --nproc 2",
             "atlas train examples/mqar_default.toml --nproc 2 --shard fsdp",
+            "atlas train examples/mqar_default.toml --context-parallel 2",
         ),
     )(train)

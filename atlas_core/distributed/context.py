@@ -138,7 +138,9 @@ class _Call:
         return s0, q, k, v, gates, params
 
     def run(self, q, k, v, gates, state):
-        return self.rule(q, k, v, gates=gates or None, state=state, strategy=self.strategy)
+        # the class's forward: a model with context parallelism on routes the rule's own call here
+        return type(self.rule).forward(self.rule, q, k, v, gates=gates or None, state=state,
+                                       strategy=self.strategy)
 
 
 def _gather(t: torch.Tensor, call: _Call) -> list[torch.Tensor]:
@@ -398,7 +400,7 @@ def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     gates = dict(gates or {})
     if world == 1:
-        return rule(q, k, v, gates=gates or None, state=state, strategy=strategy)
+        return type(rule).forward(rule, q, k, v, gates=gates or None, state=state, strategy=strategy)
     chosen = mode_for(rule, mode)
     if state is None:
         if not getattr(rule.structure, "bound", True):

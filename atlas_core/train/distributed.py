@@ -115,6 +115,32 @@ def check_shard(mode: str, world: int) -> None:
                          "add --nproc N (N >= 2) or launch it with torchrun --nproc_per_node N")
 
 
+def check_launch(mode: str, context_parallel: int, world: int) -> None:
+    """`check_shard`, and refuse a context-parallel launch these processes cannot run: each
+    sequence is split over all the processes (R = the number of processes), with DDP."""
+    check_shard(mode, world)
+    if isinstance(context_parallel, bool) or not isinstance(context_parallel, int) or context_parallel < 1:
+        raise ValueError(f"--context-parallel {context_parallel!r} must be a whole number >= 1")
+    if context_parallel == 1:
+        return
+    if world != context_parallel:
+        raise ValueError(
+            f"--context-parallel {context_parallel} splits each sequence over all the processes, "
+            f"and this run has {world}; use --nproc {context_parallel} (or leave --nproc out) or "
+            f"torchrun --nproc_per_node {context_parallel} (data and context parallelism together "
+            "are not supported)")
+    if mode != "ddp":
+        raise ValueError(f"--context-parallel runs with --shard ddp, not --shard {mode}")
+
+
+def check_context_model(plan: Any, context_parallel: int) -> None:
+    """Refuse a model or sequence length that context parallelism cannot split."""
+    if context_parallel > 1:
+        from ..distributed.lm import check_model
+
+        check_model(plan.spec, context_parallel, plan.task.seq_len)
+
+
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum ``t`` over ranks, in place (returned for chaining); identity for one process."""
     if info.active:

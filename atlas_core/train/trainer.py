@@ -143,9 +143,10 @@ class Trainer:
 
     def __init__(self, plan: Plan, dist: DistInfo = SINGLE,
                  on_step: Callable[["Trainer"], None] | None = None, progress: bool = True,
-                 shard: str = "ddp") -> None:
+                 shard: str = "ddp", context_parallel: int = 1) -> None:
         self.plan, self.dist, self.on_step = plan, dist, on_step
         self.shard = shard  # the data-parallel engine with N processes: "ddp" or "fsdp"
+        self.cp = context_parallel  # > 1: the processes split each sequence along time
         self.show_progress = progress and dist.is_main and _is_terminal(sys.stderr)
         self.show_lines = dist.is_main
         self.p = plan.train
@@ -207,6 +208,10 @@ class Trainer:
         (and a resumed optimiser state is loaded again, then sharded)."""
         if not self.dist.active:
             return
+        if self.cp > 1:  # atlas_core.distributed.lm: memory layers run across the ranks
+            from ..distributed.lm import enable
+
+            enable(self.model, torch.distributed.new_group(list(range(self.dist.world))))
         engine = wrap(self.model, self.dist, self.shard, self.device)
         self.forward = torch.compile(engine) if self.p.compile else engine
         if self.shard == "fsdp":
@@ -216,6 +221,14 @@ class Trainer:
                 tensors, rest = ckpt.optimizer_state()
                 load_optimizer_tensors(self.model, self.optimizer, tensors, rest)
                 shard_optimizer_state(self.optimizer)
+
+    def _part(self, rows: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a global batch: its rows, or its time slice (context parallel)."""
+        if self.cp > 1:
+            from ..distributed.lm import time_slice
+
+            return time_slice(rows, self.dist.rank, self.dist.world)
+        return shard(rows, self.dist)
 
     @property
     def n_params(self) -> int:
@@ -291,9 +304,15 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        result = evaluate(self.model, self.eval_task, batches=self.p.eval_batches,
-                          batch_size=self.p.batch_size, seed=self.p.seed, device=self.device,
-                          dist=self.dist)
+        whole = contextlib.nullcontext()
+        if self.cp > 1:  # every rank evaluates whole sequences, the model unsplit
+            from ..distributed.lm import off
+
+            whole = off(self.model)
+        with whole:
+            result = evaluate(self.model, self.eval_task, batches=self.p.eval_batches,
+                              batch_size=self.p.batch_size, seed=self.p.seed, device=self.device,
+                              dist=SINGLE if self.cp > 1 else self.dist)
         self.last_eval = {"step": self.step, **result}
         self.log.write({"kind": "eval", **self.last_eval})
         return result
@@ -340,8 +359,8 @@ class Trainer:
                 while self.step < p.steps:
                     set_lr(self.optimizer, lr_at(self.step, p))
                     inputs, targets = self.task.batch(p.batch_size, self.data_gen)
-                    inputs = shard(inputs, self.dist).to(self.device, non_blocking=True)
-                    targets = shard(targets, self.dist).to(self.device, non_blocking=True)
+                    inputs = self._part(inputs).to(self.device, non_blocking=True)
+                    targets = self._part(targets).to(self.device, non_blocking=True)
                     t_step = time.perf_counter()
                     try:
                         stats = self.train_step(inputs, targets)
@@ -507,8 +526,9 @@ def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
     """Plan and train (the function each spawned process runs)."""
     from .setup import make_plan
 
-    plan = make_plan(opts, world=dist.world)
-    return Trainer(plan, dist, progress=opts.progress, shard=opts.shard).run()
+    plan = make_plan(opts, world=dist.world // opts.context_parallel)
+    return Trainer(plan, dist, progress=opts.progress, shard=opts.shard,
+                   context_parallel=opts.context_parallel).run()
 
 
 def _unsaved_run(d: Path, resuming: bool = False) -> bool:
@@ -573,17 +593,19 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
         # Every rank checks the inputs before the rendezvous (init returns only when all ranks
         # have joined, so no rank can see a directory that rank 0 already started writing);
         # then all ranks take rank 0's choice of run directory.
-        plan = make_plan(opts, world=env.world)
+        distributed.check_launch(opts.shard, opts.context_parallel, env.world)
+        plan = make_plan(opts, world=env.world // opts.context_parallel)
+        distributed.check_context_model(plan, opts.context_parallel)
         if note and env.is_main:
             print(note, file=sys.stderr)
-        distributed.check_shard(opts.shard, env.world)
         distributed.init(env, plan.device)
         clean = False  # every rank reaches the end together only on a normal or interrupted exit
         try:
             chosen = [str(plan.run_dir)]
             torch.distributed.broadcast_object_list(chosen, src=0)
             plan.run_dir = Path(chosen[0])
-            result = Trainer(plan, env, on_step, progress=opts.progress, shard=opts.shard).run()
+            result = Trainer(plan, env, on_step, progress=opts.progress, shard=opts.shard,
+                             context_parallel=opts.context_parallel).run()
             clean = True
             return result
         except TrainingInterrupted:
@@ -593,8 +615,11 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
             distributed.shutdown(clean)
     if nproc < 1:
         raise ValueError(f"--nproc {nproc} must be >= 1")
-    distributed.check_shard(opts.shard, nproc)
-    plan = make_plan(opts, world=nproc)  # every input error surfaces here, in this process
+    if opts.context_parallel > 1 and nproc == 1:  # one process per slice of each sequence
+        nproc = opts.context_parallel
+    distributed.check_launch(opts.shard, opts.context_parallel, nproc)
+    plan = make_plan(opts, world=nproc // opts.context_parallel)  # every input error surfaces here
+    distributed.check_context_model(plan, opts.context_parallel)
     if note:
         print(note, file=sys.stderr)
     if nproc == 1:

@@ -130,5 +130,59 @@ def parallel(name: str, info) -> dict:
 def run_all(names, info) -> dict:
     """Every case; tensors as numpy arrays (a tensor handed between processes would be shared
     memory that ends with the worker)."""
-    return {name: {k: (None if t is None else t.numpy()) for k, t in parallel(name, info).items()}
-            for name in names}
+    def arrays(d):
+        return {k: (None if t is None else t.numpy()) for k, t in d.items()}
+
+    out = {name: arrays(parallel(name, info)) for name in names}
+    out["lm"] = arrays(lm_parallel(info))
+    return out
+
+
+LM_SPEC = {
+    "schema": "atlas/1",
+    "name": "cp-lm",
+    "model": {"arch": "core:lm", "vocab_size": 16, "d_model": 16, "depth": 2, "heads": 2,
+              "mlp_ratio": 2.0},
+    "memory": {"use": "titans:titans"},
+}
+
+
+def lm_reference(spec: dict = LM_SPEC, tokens: int = T) -> dict:
+    """A model's logits on whole sequences and the gradients of a loss over them."""
+    from atlas_core.model import build_model
+    from atlas_core.spec import load_spec
+
+    torch.manual_seed(0)
+    model = build_model(load_spec(spec)).double()
+    ids = torch.randint(0, 16, (B, tokens), generator=torch.Generator().manual_seed(3))
+    w = torch.randn(B, tokens, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    return model, ids, w
+
+
+def lm_whole() -> dict:
+    model, ids, w = lm_reference()
+    logits = model(ids)
+    (logits * w).sum().backward()
+    return {"logits": logits.detach(),
+            **{f"param.{n}": p.grad for n, p in model.named_parameters()}}
+
+
+def lm_parallel(info) -> dict:
+    """The same with `atlas_core.distributed.lm.enable`: each rank runs its time slice."""
+    import torch.distributed as dist
+
+    from atlas_core.distributed.lm import enable, time_slice
+
+    model, ids, w = lm_reference()
+    assert enable(model) == 2
+    R, r = info.world, info.rank
+    logits = model(time_slice(ids, r, R))
+    (logits * time_slice(w, r, R)).sum().backward()
+    every = [None] * R
+    dist.all_gather_object(every, logits.detach())
+    out = {"logits": torch.cat(every, dim=1)}
+    for n, p in model.named_parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        out[f"param.{n}"] = g
+    return out

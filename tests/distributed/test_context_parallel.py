@@ -5,7 +5,9 @@ final state and the gradients of every input, gate, initial-state entry and lear
 equal one call of the rule on the whole sequence in one process, to 1e-9 in float64. Affine mode:
 ``titans:titans`` (with and without an anchor), the delta rule, ``omega:omeganet`` (an 8-token
 window carried across ranks); relay: ``titans:titans_deep`` with an anchor of 4 (slices start
-inside anchor blocks).
+inside anchor blocks). A 2-block ``core:lm`` model with every memory layer split
+(`atlas_core.distributed.lm.enable`: the rule call and the short convolutions' carried inputs)
+gives the logits and parameter gradients of the whole-sequence model.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from . import cases
 def _check(world: int) -> None:
     names = list(cases.CASES)
     got = spawn(cases.run_all, names, world, "cpu")
+    _check_lm(got["lm"])
     for name in names:
         want = cases.reference(name)
         assert sorted(got[name]) == sorted(want), name
@@ -31,6 +34,13 @@ def _check(world: int) -> None:
                 continue
             torch.testing.assert_close(torch.from_numpy(got[name][key]), w, rtol=1e-9, atol=1e-9,
                                        msg=f"{name} {key} (R = {world})")
+
+
+def _check_lm(got: dict) -> None:
+    want = cases.lm_whole()
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        torch.testing.assert_close(torch.from_numpy(got[key]), w, rtol=1e-9, atol=1e-9, msg=key)
 
 
 def test_two_ranks_equal_one_process():
