@@ -31,23 +31,26 @@ def codec_entry(codec: Any) -> dict[str, Any]:
 class AtlasConfig(PreTrainedConfig):
     model_type = MODEL_TYPE
 
-    atlas_spec: dict[str, Any] | None = None
-    atlas_spec_hash: str | None = None
-    text_codec: dict[str, Any] | None = None
-    vocab_size: int | None = None
-    tie_word_embeddings: bool = False
-    use_cache: bool = True
-
-    def __post_init__(self, **kwargs):
-        if self.atlas_spec is not None:
-            spec = self.spec()  # validates, and fills the mirrored fields
-            self.atlas_spec = spec.to_dict()
-            self.atlas_spec_hash = spec.spec_hash
-            self.vocab_size = int(spec.model.get("vocab_size", 0)) or self.vocab_size
-            self.tie_word_embeddings = bool(spec.model.get("tie_embeddings", self.tie_word_embeddings))
-        if self.text_codec is not None:
+    # An explicit __init__ (not dataclass fields): the config classes of transformers 5.x are
+    # plain classes in early releases and dataclasses later, and both accept this form.
+    def __init__(self, atlas_spec: dict[str, Any] | None = None, atlas_spec_hash: str | None = None,
+                 text_codec: dict[str, Any] | None = None, vocab_size: int | None = None,
+                 tie_word_embeddings: bool = False, use_cache: bool = True, **kwargs: Any) -> None:
+        if atlas_spec is not None:
+            self.atlas_spec, self.atlas_spec_hash = atlas_spec, atlas_spec_hash
+            spec = self.spec()  # validated here: a bad config.json is refused when it loads
+            atlas_spec, atlas_spec_hash = spec.to_dict(), spec.spec_hash
+            vocab_size = int(spec.model.get("vocab_size", 0)) or vocab_size
+            tie_word_embeddings = bool(spec.model.get("tie_embeddings", tie_word_embeddings))
+        self.atlas_spec, self.atlas_spec_hash = atlas_spec, atlas_spec_hash
+        self.text_codec = text_codec
+        if text_codec is not None:
             self.codec()  # a malformed entry is refused here, not when decoding
-        super().__post_init__(**kwargs)
+        super().__init__(tie_word_embeddings=tie_word_embeddings, use_cache=use_cache, **kwargs)
+        # set again after the base class, which may reset attributes it also knows
+        self.atlas_spec, self.atlas_spec_hash, self.text_codec = atlas_spec, atlas_spec_hash, text_codec
+        self.vocab_size = vocab_size
+        self.tie_word_embeddings, self.use_cache = tie_word_embeddings, use_cache
 
     @classmethod
     def from_spec(cls, spec: Any, *, text_codec: Any = None, **kwargs) -> "AtlasConfig":
