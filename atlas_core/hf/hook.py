@@ -6,8 +6,8 @@
 - otherwise a finder on ``sys.meta_path`` watches for two modules, and registers right after
   each finishes loading: ``transformers.models.auto.configuration_auto`` (where ``AutoConfig``
   lives: the config class is registered) and ``transformers.models.auto.modeling_auto`` (where
-  ``AutoModelForCausalLM`` lives: the model class is registered). Every other import is passed
-  on untouched (one set lookup per import), and the finder removes itself once both fired.
+  ``AutoModelForCausalLM`` lives: the model class is registered). Every other import passes
+  after one dictionary lookup, and the finder removes itself once both have fired.
 
 So ``AutoConfig`` / ``AutoModelForCausalLM`` know the ``atlas_memory`` model type whatever the
 import order, and a program that never touches ``transformers`` pays nothing. A registration
