@@ -164,10 +164,13 @@ class Rule(nn.Module):
         (every strategy computes the same function; a chunked one would pay a whole chunk)."""
         return False
 
-    def forward(self, *args, strategy: Any = None, check_inputs: bool | None = None, **kwargs):
+    def forward(self, *args, strategy: Any = None, check_inputs: bool | None = None,
+                cu_seqlens: torch.Tensor | None = None, **kwargs):
         input_checks.check_devices(args, kwargs)
         if input_checks.wanted(check_inputs):  # opt-in: ATLAS_CHECK_INPUTS=1 or check_inputs=True
             input_checks.check_values(self, args, kwargs)
+        if cu_seqlens is not None:  # packed documents, batch 1 (atlas_core/varlen.py)
+            kwargs = {**kwargs, "cu_seqlens": cu_seqlens}
         strat = self.runner(strategy)
         device = next((a.device.type for a in (*args, *kwargs.values())
                        if isinstance(a, torch.Tensor)), None)
@@ -179,6 +182,12 @@ class Rule(nn.Module):
         return self._run(strat, args, kwargs)
 
     def _run(self, strat, args, kwargs):
+        if "cu_seqlens" in kwargs:  # each document is a call of its own (the strategy contract)
+            from .varlen import packed_call
+
+            kwargs = dict(kwargs)
+            cu = kwargs.pop("cu_seqlens")
+            return packed_call(lambda a, kw: self._run(strat, a, kw), self.prepare, args, kwargs, cu)
         inputs = self.prepare(*args, **kwargs)
         out = self.reference(inputs) if self.single_step(inputs) else strat.run(self, inputs)
         return self.finish(inputs, out)
