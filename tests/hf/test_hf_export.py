@@ -201,3 +201,14 @@ def test_weights_that_do_not_fit_are_refused(ckpt, tmp_path):
     save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=f"missing {dropped}.*atlas export-hf"):
         AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+
+
+def test_bench_runs_both_loops_and_compares_them(tmp_path, capsys):
+    from atlas_core.hf.bench import main
+    from atlas_core.spec import dump_toml
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(dump_toml(SPECS["mac"]))
+    main([str(path), "--new-tokens", "6", "--prompt", "3", "--repeats", "1"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{path}: native ") and line.endswith("(same tokens)")
