@@ -33,6 +33,10 @@ memory's initial weights, which the layer registers by holding the rule). For an
 continues exactly across calls) and ``"rule.<key>"`` for the rule's state. Any split of a
 sequence into calls with the carried state equals one call, for every strategy (docs/math.md,
 "The strategy contract"); a one-token call runs the rule's sequential step.
+
+``forward(x, state=None, cu_seqlens=cu)`` with ``x: [1, T, d_model]`` runs packed documents
+(`atlas_core.varlen`): the convolution and the rule restart at every boundary, and every state
+entry holds one row per document.
 """
 
 from __future__ import annotations
@@ -96,7 +100,11 @@ class ShortConv(nn.Module):
             self.weight[:, 0, -1] = 1.0
             self.weight.add_(0.02 * torch.randn_like(self.weight))
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor | None):
+    def forward(self, x: torch.Tensor, cache: torch.Tensor | None, cu: list[int] | None = None):
+        if cu is not None:  # packed documents: no output reads another document's input
+            from .varlen import packed_short_conv
+
+            return packed_short_conv(self, x, cache, cu)
         B, T, C = x.shape
         if cache is None:
             cache = x.new_zeros(B, self.kernel - 1, C)
@@ -198,16 +206,21 @@ class MemoryLayer(nn.Module):
             out[gate.name] = gate.activate(r, scale)
         return out
 
-    def forward(self, x: torch.Tensor, state: dict | None = None):
+    def forward(self, x: torch.Tensor, state: dict | None = None, cu_seqlens: torch.Tensor | None = None):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be [B, T, d_model={self.d_model}], got {tuple(x.shape)}")
+        cu = None  # packed documents (atlas_core/varlen.py): the state then holds a row per document
+        if cu_seqlens is not None:
+            from .varlen import check_cu_seqlens
+
+            cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
         state = dict(state or {})
         new_state: dict[str, torch.Tensor] = {}
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.use_conv:
-            q, new_state["conv.q"] = self.q_conv(q, state.get("conv.q"))
-            k, new_state["conv.k"] = self.k_conv(k, state.get("conv.k"))
-            v, new_state["conv.v"] = self.v_conv(v, state.get("conv.v"))
+            q, new_state["conv.q"] = self.q_conv(q, state.get("conv.q"), cu)
+            k, new_state["conv.k"] = self.k_conv(k, state.get("conv.k"), cu)
+            v, new_state["conv.v"] = self.v_conv(v, state.get("conv.v"), cu)
         if self.params.qkv_activation == "silu":
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q = rearrange(q, "b t (h d) -> b t h d", h=self.heads)
@@ -220,7 +233,8 @@ class MemoryLayer(nn.Module):
         if self.params.qk_norm:
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
-        y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner)
+        y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner,
+                          cu_seqlens=cu_seqlens)
         new_state.update({f"rule.{key}": t for key, t in rs.items()})
         if self.params.output_norm:
             y = self.out_norm(y)
