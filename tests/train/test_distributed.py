@@ -91,3 +91,21 @@ def test_fsdp_needs_several_processes(tmp_path, tiny_spec):
         train(TrainOptions(spec=tiny_spec, out=str(tmp_path / "r"), progress=False,
                            shard="zero"), nproc=2)
     assert not (tmp_path / "r").exists()
+
+
+def _repeat_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "repeat_torchrun.py"
+    spec = importlib.util.spec_from_file_location("repeat_torchrun", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torchrun_runs_end_cleanly_every_time():
+    """3 short torchrun launches of 2 processes (scripts/repeat_torchrun.py runs 20): each exits
+    0 with rank 0's summary line, the curve, the final checkpoint and the end record."""
+    records = _repeat_script().repeat(3, "torchrun", steps=3, timeout=240, echo=lambda line: None)
+    assert [r["problems"] for r in records] == [[], [], []]

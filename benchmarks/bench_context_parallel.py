@@ -1,0 +1,153 @@
+"""Context parallelism: tokens/s and peak memory per rank for one long sequence split over R ranks.
+
+For each rule, sequence length T and rank count R, R gloo processes on this machine each hold
+T / R tokens of one sequence (batch 1) and run `atlas_core.distributed.context_parallel` forward
+and backward (a loss over every output); R = 1 is the plain rule call in one process. Reported:
+
+- ``tok/s``: T / the slowest rank's forward + backward time (median of ``--repeat`` runs after
+  one warm-up);
+- ``peak MiB/rank``: the largest growth of a rank's resident memory during its timed runs (peak
+  ``VmHWM`` after, reset before, minus ``VmRSS`` before: activations, probes, gathered maps and
+  their gradients; torch itself and the inputs excluded). Linux only.
+
+A configuration whose step takes longer than ``--budget`` seconds ends that rule's longer
+sequences at the same R (they are printed as skipped).
+
+Usage::
+
+    python benchmarks/bench_context_parallel.py                      # the recorded table
+    python benchmarks/bench_context_parallel.py --T 4096 --R 1 2 --rules titans:titans
+
+Each process gets ``cores / R`` threads (at least 1): with R above the core count the ranks
+share cores, so the time measures the ranks' work added up, not R machines in parallel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+HEADS, D = 2, 16
+
+
+def _rule(name: str):
+    import atlas_core as ac
+
+    torch.manual_seed(0)
+    spec = {"use": name, "anchor": 64, "parallel": {"use": "core:chunkwise", "chunk_size": 64}}
+    return ac.build_rule(spec, heads=HEADS, d_key=D, d_value=D)
+
+
+def _slice(rule, T: int, R: int, r: int):
+    g = torch.Generator().manual_seed(1)
+    q = torch.nn.functional.normalize(torch.randn(1, T, HEADS, D, generator=g), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(1, T, HEADS, D, generator=g), dim=-1)
+    v = torch.randn(1, T, HEADS, D, generator=g)
+    gates = {n: 0.05 + 0.1 * torch.rand(1, T, HEADS, generator=g) if n == "theta"
+             else 0.9 + 0.09 * torch.rand(1, T, HEADS, generator=g) for n in rule.gate_names}
+
+    def part(x):
+        return x.tensor_split(R, dim=1)[r].clone().requires_grad_(True)
+
+    return part(q), part(k), part(v), {n: part(x) for n, x in gates.items()}
+
+
+def _status(field: str) -> float:
+    """A memory figure of this process from /proc/self/status, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0  # kB
+    return float("nan")
+
+
+def _reset_peak() -> None:
+    """Restart the peak resident memory count (VmHWM) from the current size (Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def measure(payload, info) -> dict:
+    """One rank: forward + backward of its slice, ``repeat`` times after a warm-up."""
+    import torch.distributed as dist
+
+    from atlas_core.distributed import context_parallel, mode_for
+
+    name, T, repeat = payload
+    rule = _rule(name)
+    R, r = info.world, info.rank
+    q, k, v, gates = _slice(rule, T, R, r)
+    strategy = rule.default_strategy
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        if R == 1:
+            y, _ = rule(q, k, v, gates=gates, strategy=strategy)
+        else:
+            y, _ = context_parallel(rule, q, k, v, gates, group=None, strategy=strategy)
+        y.square().sum().backward()
+        if R > 1:
+            dist.barrier()
+        return time.perf_counter() - t0
+
+    once()  # warm-up
+    base = _status("VmRSS")
+    _reset_peak()
+    times = [once() for _ in range(repeat)]
+    out = {"seconds": statistics.median(times), "peak_mib": _status("VmHWM") - base,
+           "mode": mode_for(rule) if R > 1 else "-"}
+    if R > 1:
+        every = [None] * R
+        dist.all_gather_object(every, out)
+        return {"seconds": max(e["seconds"] for e in every),
+                "peak_mib": max(e["peak_mib"] for e in every), "mode": out["mode"]}
+    return out
+
+
+def run(name: str, T: int, R: int, repeat: int) -> dict:
+    from atlas_core.train.distributed import SINGLE, spawn
+
+    if R == 1:
+        torch.set_num_threads(os.cpu_count() or 1)
+        return measure((name, T, repeat), SINGLE)
+    return spawn(measure, (name, T, repeat), R, "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", type=int, nargs="+", default=[16384, 65536])
+    ap.add_argument("--R", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--rules", nargs="+", default=["titans:titans", "titans:titans_deep"])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--budget", type=float, default=120.0, help="seconds per step (see above)")
+    args = ap.parse_args(argv)
+    print(f"# {os.cpu_count()} cores, torch {torch.__version__}, heads {HEADS}, D {D}, batch 1, "
+          "float32, anchor 64, chunkwise strategy (chunk 64)")
+    print(f"{'rule':22s} {'T':>6s} {'R':>2s} {'mode':>6s} {'tok/s':>9s} {'s/step':>8s} "
+          f"{'peak MiB/rank':>14s}")
+    for name in args.rules:
+        over: set[int] = set()
+        for T in sorted(args.T):
+            for R in args.R:
+                if R in over:
+                    print(f"{name:22s} {T:6d} {R:2d}  skipped (a shorter T took over "
+                          f"{args.budget:.0f} s a step)", flush=True)
+                    continue
+                m = run(name, T, R, args.repeat)
+                if m["seconds"] > args.budget:
+                    over.add(R)
+                print(f"{name:22s} {T:6d} {R:2d} {m['mode']:>6s} {T / m['seconds']:9.0f} "
+                      f"{m['seconds']:8.2f} {m['peak_mib']:14.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
