@@ -117,19 +117,23 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core
     return layer
 
 
-def run_memory(layer, x: torch.Tensor, st: dict | None, *, keep_state: bool):
+def run_memory(layer, x: torch.Tensor, st: dict | None, *, keep_state: bool, cu_seqlens=None):
     """The memory layer over new tokens ``x: [B, n, d]``, continuing from the layer state ``st``.
 
     Every strategy equals the sequential rule for any split of a sequence into calls (the state
     carries the anchor block's position and memory), so decoding simply continues from the state;
-    a one-token step runs the rule's sequential step. Returns ``(y [B, n, d], state or None)``."""
-    y, new = layer(x, st)
+    a one-token step runs the rule's sequential step. Returns ``(y [B, n, d], state or None)``.
+    ``cu_seqlens``: ``x`` holds packed documents (batch 1; `atlas_core.varlen`)."""
+    y, new = layer(x, st) if cu_seqlens is None else layer(x, st, cu_seqlens=cu_seqlens)
     return y, (new if keep_state else None)
 
 
 class MemoryBlock(nn.Module):
     """Pre-norm block: ``x + MemoryLayer(RMSNorm(x))`` (when it carries memory), then
-    ``x + MLP(RMSNorm(x))``. ``forward(x, state, keep_state) -> (x, state)``."""
+    ``x + MLP(RMSNorm(x))``. ``forward(x, state, keep_state) -> (x, state)``; with
+    ``cu_seqlens`` the memory layer runs packed documents (the rest is per token)."""
+
+    packed = True  # takes cu_seqlens (what `LanguageModel.forward` asks of every block)
 
     def __init__(self, d_model: int, mlp_ratio: float, eps: float, memory) -> None:
         super().__init__()
@@ -139,9 +143,10 @@ class MemoryBlock(nn.Module):
         self.norm_mlp = nn.RMSNorm(d_model, eps=eps)
         self.mlp = FeedForward(d_model, mlp_ratio)
 
-    def forward(self, x: torch.Tensor, state, keep_state: bool):
+    def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
         if self.memory is not None:
-            y, state = run_memory(self.memory, self.norm_mem(x), state, keep_state=keep_state)
+            y, state = run_memory(self.memory, self.norm_mem(x), state, keep_state=keep_state,
+                                  cu_seqlens=cu_seqlens)
             x = x + y
         return x + self.mlp(self.norm_mlp(x)), state
 
@@ -163,15 +168,16 @@ class LanguageModel(MemoryLM):
         if params.tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def _run(self, ids: torch.Tensor, state: Any, keep_state: bool):
+    def _run(self, ids: torch.Tensor, state: Any, keep_state: bool, cu_seqlens=None):
         self.check_ids(ids)
         if state is not None and (not isinstance(state, dict) or len(state.get("blocks", ())) != len(self.blocks)):
             raise ValueError("state must be the state returned by an earlier step() of this model")
         states = state["blocks"] if state is not None else [None] * len(self.blocks)
         x = self.embed(ids)
         new = []
+        packed = {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
         for block, st in zip(self.blocks, states):
-            x, st = block(x, st, keep_state)
+            x, st = block(x, st, keep_state, **packed)
             new.append(st)
         logits = self.head(self.norm(x))
         return logits, ({"blocks": new} if keep_state else None)
@@ -179,8 +185,19 @@ class LanguageModel(MemoryLM):
     def step(self, ids: torch.Tensor, state: Any = None):
         return self._run(ids, state, keep_state=True)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._run(ids, None, keep_state=False)[0]
+    def forward(self, ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """``logits [B, T, vocab]``. ``cu_seqlens``: ``ids: [1, T]`` holds packed documents
+        (`atlas_core.varlen`), each computed as if alone; blocks that take ``cu_seqlens`` (class
+        attribute ``packed``) run them in one pass, other models run each document separately."""
+        if cu_seqlens is None:
+            return self._run(ids, None, keep_state=False)[0]
+        from .varlen import check_cu_seqlens, per_document
+
+        self.check_ids(ids)
+        cu = check_cu_seqlens(cu_seqlens, ids.shape[1], ids.shape[0])
+        if all(getattr(b, "packed", False) for b in self.blocks):
+            return self._run(ids, None, keep_state=False, cu_seqlens=cu_seqlens)[0]
+        return per_document(lambda d: self._run(d, None, keep_state=False)[0], ids, cu)
 
 
 def spec_of(ctx) -> Any:

@@ -5,7 +5,9 @@ An architecture is a registered component of kind ``arch`` whose factory receive
 params and ``ctx.options["spec"]`` (the resolved spec) and returns a `MemoryLM`.
 
 `MemoryLM` contract, for ``ids: LongTensor [B, T]``:
-- ``forward(ids) -> logits [B, T, vocab]``;
+- ``forward(ids) -> logits [B, T, vocab]``; ``forward(ids, cu_seqlens=cu)`` with ``ids: [1, T]``
+  holding packed documents gives each document's logits as if it were alone (`atlas_core.varlen`;
+  the base runs each document through ``step``, a model may run them in one pass);
 - ``step(ids, state) -> (logits, state)``: continue from a carried state (None at the start);
   feeding a sequence in pieces with the carried state gives the logits of one full forward;
 - ``generate(prompt_ids, max_new_tokens, ...)`` decodes incrementally through `step`;
@@ -63,7 +65,13 @@ class MemoryLM(nn.Module):
     def step(self, ids: torch.Tensor, state: Any = None):
         raise NotImplementedError
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        if cu_seqlens is not None:  # packed documents, each run alone (atlas_core/varlen.py)
+            from .varlen import check_cu_seqlens, per_document
+
+            self.check_ids(ids)
+            cu = check_cu_seqlens(cu_seqlens, ids.shape[1], ids.shape[0])
+            return per_document(lambda d: self.step(d, None)[0], ids, cu)
         logits, _ = self.step(ids, None)
         return logits
 

@@ -108,12 +108,13 @@ class MRULayer(nn.Module):
         exp_dtype = torch.float64 if cdtype == torch.float32 else cdtype
         return torch.linalg.matrix_exp(S.to(exp_dtype)).to(cdtype)
 
-    def forward(self, x: torch.Tensor, state: dict | None = None):
+    def forward(self, x: torch.Tensor, state: dict | None = None, cu_seqlens=None):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be [B, T, d_model={self.d_model}], got {shape}")
         X = self.transitions(x)
-        H, new_state = self.rule(X, state=state, strategy=self.strategy)  # H: [B, T, h, d_o, d_o]
+        # H: [B, T, h, d_o, d_o]; cu_seqlens: packed documents, each from its own start
+        H, new_state = self.rule(X, state=state, strategy=self.strategy, cu_seqlens=cu_seqlens)
         y = torch.einsum("bthro,hoc->bthrc", H, self.w_out.to(H.dtype))
         y = rearrange(y, "b t h r c -> b t (h r c)")
         return y.to(x.dtype), new_state

@@ -46,8 +46,8 @@ class MRUBlock(nn.Module):
         hidden = max(1, int(round(mlp_ratio * d_model)))
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden), nn.GELU(), nn.Linear(hidden, d_model))
 
-    def forward(self, x: torch.Tensor, state: dict | None):
-        y, state = self.mru(self.norm1(x), state)
+    def forward(self, x: torch.Tensor, state: dict | None, cu_seqlens=None):
+        y, state = self.mru(self.norm1(x), state, cu_seqlens=cu_seqlens)
         x = x + y
         return x + self.mlp(self.norm2(x)), state
 
@@ -68,7 +68,12 @@ class MRULM(MemoryLM):
         if p.tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def step(self, ids: torch.Tensor, state: dict | None = None):
+    def forward(self, ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """``logits [B, T, vocab]``; ``cu_seqlens``: ``ids: [1, T]`` holds packed documents, each
+        computed as if alone (the MRU scan restarts at every boundary; the rest is per token)."""
+        return self.step(ids, None, cu_seqlens=cu_seqlens)[0]
+
+    def step(self, ids: torch.Tensor, state: dict | None = None, cu_seqlens=None):
         """``ids: [B, T]`` continuing from ``state`` (None at the start) -> (logits, state)."""
         self.check_ids(ids)
         if ids.shape[1] == 0:
@@ -78,7 +83,7 @@ class MRULM(MemoryLM):
         new_state = {}
         for i, block in enumerate(self.layers):
             key = f"layers.{i}.H"
-            x, s = block(x, {"H": state[key]} if key in state else None)
+            x, s = block(x, {"H": state[key]} if key in state else None, cu_seqlens=cu_seqlens)
             new_state[key] = s["H"]
         return self.head(self.norm(x)), new_state
 
