@@ -190,7 +190,6 @@ class ExactChunk(Strategy):
                 "window: the exact form needs an error linear in the memory, M k - v "
                 "(use core:chunkwise or core:sequential)"
             )
-        ret = rule.retention
         if ret.gradient_at != "current" and (form != "gd" or rule.window != 1):
             return False, (
                 f"retention {spec.get('retention')!r} takes the gradient at the decayed memory: "
