@@ -16,6 +16,7 @@ kind            limit        used for
 ``vocab``       16,777,216   token ids (2**24)
 ``seq_len``     1,048,576    tokens per row, attention windows, segments (2**20)
 ``chunk``       65,536       tokens per chunk of a parallel form, anchors
+``window``      4,096        tokens an Omega-style loss covers (the state keeps that many keys)
 ``steps``       10**9        optimizer steps and other step counts
 ``batch``       1,048,576    rows per step, evaluation batches
 ``iterations``  1,000        inner iterations (Newton-Schulz steps, polynomial degrees)
@@ -54,6 +55,7 @@ LIMITS: dict[str, int] = {
     "vocab": 1 << 24,
     "seq_len": 1 << 20,
     "chunk": 65536,
+    "window": 4096,
     "steps": 10**9,
     "batch": 1 << 20,
     "iterations": 1000,

@@ -53,7 +53,7 @@ GammaMode = Literal["gate", "uniform", "decay"]
 class WindowParams(Params):
     """Parameters of ``omega:window``."""
 
-    window: int = size_field(8, "seq_len", ge=1, description="c: how many recent tokens the loss covers (c >= 1)")
+    window: int = size_field(8, "window", ge=1, description="c: how many recent tokens the loss covers (c >= 1)")
     inner: str | dict[str, Any] = Field(
         "core:l2", description="the per-token bias l_i: a bias name or {use = ..., ...params}"
     )
