@@ -59,15 +59,20 @@ def check_containers(gates: Any, state: Any) -> None:
 
 
 def check_devices(args: tuple, kwargs: Mapping[str, Any]) -> None:
-    """No tensor of the call (or of its gates/state dicts) is on the ``meta`` device, which has
-    shapes but no values (always checked; a few type tests)."""
-    items = [(f"argument {i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    """A call whose inputs are on the ``meta`` device, which has shapes but no values, is refused
+    (always checked; a few type tests). Only the first tensor's device decides: a call that mixes
+    devices gets the rule's own message naming both (``k is on meta but q is on cpu``)."""
+    names = ("q", "k", "v")
+    items = [(names[i] if i < len(names) else f"argument {i}", a) for i, a in enumerate(args)]
+    items += list(kwargs.items())
     for name, value in items:
         inner = value.items() if isinstance(value, Mapping) else ()
         for label, x in ((name, value), *((f"{name}[{k!r}]", x) for k, x in inner)):
-            if isinstance(x, torch.Tensor) and x.device.type == "meta":
-                raise ValueError(f"{label} is on the meta device, which has shapes but no values; "
-                                 "a rule call needs tensors on a real device (cpu, cuda)")
+            if isinstance(x, torch.Tensor):
+                if x.device.type == "meta":
+                    raise ValueError(f"{label} is on the meta device, which has shapes but no "
+                                     "values; a rule call needs tensors on a real device (cpu, cuda)")
+                return
 
 
 def _position(idx: tuple[int, ...], axes: tuple[str, ...]) -> str:

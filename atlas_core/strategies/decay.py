@@ -20,11 +20,14 @@ _LOG_ZERO = -1.0e4
 
 
 def safe_log(a: torch.Tensor) -> torch.Tensor:
-    """``log a`` clamped at `_LOG_ZERO`, with a finite gradient at ``a = 0``: the gate is clamped
-    to the smallest positive number before the log (``log(0)``'s gradient, inf, times the clamp's
-    0 would be NaN). At exactly 0 the gradient with respect to that gate is 0; the sequential
-    reference differentiates the product itself and gives the exact one."""
-    return torch.log(a.clamp(min=torch.finfo(a.dtype).tiny)).clamp(min=_LOG_ZERO)
+    """``log a`` clamped at `_LOG_ZERO`, exactly `_LOG_ZERO` at ``a = 0`` (so ``exp`` of a segment
+    through it is an exact 0) and with a finite gradient there: the log never sees a 0
+    (``log(0)``'s gradient, inf, times a mask's 0 would be NaN). At exactly 0 the gradient with
+    respect to that gate is 0; the sequential reference differentiates the product itself and
+    gives the exact one."""
+    pos = a > 0
+    log_a = torch.log(torch.where(pos, a, torch.ones_like(a)))  # no log(0) in the graph
+    return torch.where(pos, log_a, torch.full_like(a, _LOG_ZERO)).clamp(min=_LOG_ZERO)
 
 
 def decay_matrix(a: torch.Tensor) -> torch.Tensor:

@@ -72,8 +72,13 @@ def test_state_as_a_tensor_is_one_clear_type_error(titans):
 
 def test_meta_tensors_are_refused_by_name(titans):
     q, k, v, gates = _call(titans)
-    with pytest.raises(ValueError, match=r"gates\['alpha'\] is on the meta device"):
+    # one tensor on meta among CPU tensors: the rule's own mismatch message names both devices
+    with pytest.raises(ValueError, match=r"gates\['alpha'\] is on meta but q is on cpu"):
         titans(q, k, v, gates={**gates, "alpha": gates["alpha"].to("meta")})
+    # a call on meta: refused before any work, naming the first tensor
+    meta = {n: g.to("meta") for n, g in gates.items()}
+    with pytest.raises(ValueError, match=r"^q is on the meta device"):
+        titans(q.to("meta"), k.to("meta"), v.to("meta"), gates=meta)
 
 
 @pytest.mark.parametrize("gate,value,text", [
