@@ -219,3 +219,16 @@ def per_document(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
         for j, i in enumerate(members):
             out[i] = y[j : j + 1]
     return torch.cat(out, dim=1)
+
+
+# -- packed training rows ------------------------------------------------------------------------
+def pack_rows(rows: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[B, T]`` whose documents begin where ``starts: Bool [B, T]`` is True (every row
+    starts a document at 0) as one packed row ``[1, B T]`` and its ``cu_seqlens``."""
+    if starts.shape != rows.shape or starts.dtype != torch.bool or (rows.numel() and not bool(starts[:, 0].all())):
+        raise ValueError(f"starts must be a bool tensor {tuple(rows.shape)} that is True at the "
+                         "first position of every row")
+    flat = starts.reshape(-1)
+    edges = torch.nonzero(flat).squeeze(1)
+    cu = torch.cat([edges, edges.new_tensor([flat.numel()])])
+    return rows.reshape(1, -1), cu

@@ -20,6 +20,7 @@ device = "auto"                # auto | cpu | cuda
 precision = "fp32"             # fp32 | bf16 (autocast; weights, optimiser and memory state fp32)
 compile = false                # torch.compile the model (first steps pay the compilation)
 tensorboard = false            # also write TensorBoard events to RUN_DIR/tensorboard
+pack = false                   # text task: documents packed with cu_seqlens, loss masked at boundaries
 ```
 
 The task is a registered component of kind ``task`` (``core:mqar``, ``core:copy``,
@@ -74,6 +75,9 @@ class TrainParams(Params):
                           strict=True)
     tensorboard: bool = Field(False, strict=True, description="also write TensorBoard event "
                               "files to RUN_DIR/tensorboard (needs the tensorboard extra)")
+    pack: bool = Field(False, strict=True, description="train on packed documents: each row's "
+                       "documents run as if alone (cu_seqlens) and no target is the first token "
+                       "of a document (the text task)")
 
     @field_validator("betas")
     @classmethod

@@ -4,7 +4,9 @@ One optimizer step ``s`` (0-based):
 
 1. ``lr = lr_at(s)`` (warm-up, then cosine to ``min_lr``);
 2. ``inputs, targets = task.batch(batch_size, data_generator)``: ``[B, T]`` each (the global batch;
-   with N processes each keeps ``B / N`` rows, see `distributed`);
+   with N processes each keeps ``B / N`` rows, see `distributed`); with ``[train] pack = true``
+   the task's `packed_batch` also says where documents begin and the rows run as packed
+   documents (``cu_seqlens``, `atlas_core.varlen`), no target the first token of a document;
 3. ``loss = sum CE(logits, targets) / (global count of targets != -100)``; backward; gradients
    summed over processes; global-norm clipping at ``grad_clip``; ``AdamW.step()``.
 
@@ -174,6 +176,13 @@ class Trainer:
         model_vocab = int(spec.model.get("vocab_size", 0))
         self.task_table = task_table(p.task, model_vocab, p.seq_len)
         self.task = self.plan.task or build_task(p.task, model_vocab, p.seq_len)
+        if p.pack and (not hasattr(self.task, "packed_batch") or self.cp > 1):
+            from ..errors import Issue, SpecError
+
+            why = (f"task {self.task.name!r} has no documents to pack (the text task has)"
+                   if self.cp == 1 else "context parallelism splits rows along time, which packed "
+                   "documents do not support")
+            raise SpecError([Issue("train.pack", why, True, "set pack = false")])
         self.eval_task = held_out(self.task)
         torch.manual_seed(p.seed)  # the model's initial weights
         self.model = build_model(spec).to(self.device)
@@ -239,11 +248,20 @@ class Trainer:
         self.stop_requested = True
 
     # -- one step -----------------------------------------------------------------------------
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        """One optimizer step on this rank's rows; returns global loss / accuracy / grad norm."""
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor,
+                   starts: torch.Tensor | None = None) -> dict[str, float]:
+        """One optimizer step on this rank's rows; returns global loss / accuracy / grad norm.
+        ``starts`` (``[train] pack``): where documents begin in each row; the rows then run as
+        one packed row with ``cu_seqlens`` (`atlas_core.varlen`), each document as if alone."""
         self.model.train()
         with self.autocast():
-            logits = self.forward(inputs)
+            if starts is None:
+                logits = self.forward(inputs)
+            else:
+                from ..varlen import pack_rows
+
+                row, cu = pack_rows(inputs, starts)
+                logits = self.forward(row, cu_seqlens=cu).reshape(*inputs.shape, -1)
         logits = logits.float()  # [b, T, V]
         keep = targets != IGNORE_INDEX
         ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(),
@@ -358,12 +376,17 @@ class Trainer:
             with progress:
                 while self.step < p.steps:
                     set_lr(self.optimizer, lr_at(self.step, p))
-                    inputs, targets = self.task.batch(p.batch_size, self.data_gen)
+                    if p.pack:  # packed documents: where each begins in a row
+                        inputs, targets, starts = self.task.packed_batch(p.batch_size, self.data_gen)
+                        starts = self._part(starts).to(self.device, non_blocking=True)
+                    else:
+                        inputs, targets = self.task.batch(p.batch_size, self.data_gen)
+                        starts = None
                     inputs = self._part(inputs).to(self.device, non_blocking=True)
                     targets = self._part(targets).to(self.device, non_blocking=True)
                     t_step = time.perf_counter()
                     try:
-                        stats = self.train_step(inputs, targets)
+                        stats = self.train_step(inputs, targets, starts)
                     except Exception as exc:
                         if p.compile and self.step == first_step and _is_compile_error(exc):
                             why = _root_cause(exc)

@@ -17,6 +17,13 @@ In byte and char mode the documents of a table are joined with a blank line betw
 A batch is B windows of T + 1 consecutive tokens at uniform random offsets: ``inputs`` the first
 T, ``targets`` the last T (plain next-token prediction, every position counts).
 
+Packed documents (``[train] pack = true``): `packed_batch` draws the same windows and also says
+where each document starts inside a row (``starts: BoolTensor [B, T]``, True at position 0 and at
+the first token of every document); a target that is the first token of a document is
+``IGNORE_INDEX`` (nothing predicts a document from the one before it). Documents are the rows of
+a table (in byte and char mode each ends with its blank-line separator; in bpe mode with its
+end-of-text token); a plain text file is one document.
+
 Held-out text: the last ``val_fraction`` of the tokens is the ``"val"`` split, the rest the
 ``"train"`` split (the default), ``"all"`` is the whole file. Training on ``train`` and evaluating
 on ``val`` (``task.derive(split="val")``) keeps the perplexity honest.
@@ -34,7 +41,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from ...spec.bounds import size_field
 
 from ...host.registry import Params
-from .base import Task, TaskDataError, TaskFileNotFoundError
+from .base import IGNORE_INDEX, Task, TaskDataError, TaskFileNotFoundError
 from .corpus import corpus_format, read_documents
 
 
@@ -102,25 +109,37 @@ class TextTask(Task):
         self.tokenizer = None
         fmt = corpus_format(self.path, p.format)
         if p.mode == "bpe":
-            from ..tokenizer import encode_documents, load_tokenizer
+            from ..tokenizer import encode_documents, eot_id, load_tokenizer
 
             self.tokenizer = load_tokenizer(p.tokenizer)
             docs = read_documents(self.path, fmt, p.text_field, p.path)
             tokens = torch.tensor(encode_documents(self.tokenizer, docs), dtype=torch.int32)
+            first = torch.zeros(tokens.numel(), dtype=torch.bool)
+            first[0] = True  # a document starts after each end-of-text token
+            first[1:] = tokens[:-1] == eot_id(self.tokenizer)
         else:
             if fmt == "text":
                 raw = _read(self.path, p.path)
+                lengths = None
             else:
                 docs = read_documents(self.path, fmt, p.text_field, p.path)
                 raw = "\n\n".join(docs).encode(p.encoding if p.mode == "char" else "utf-8")
+                # each document's tokens and its "\n\n" separator (the last has none)
+                lengths = [(len(d) if p.mode == "char" else len(d.encode("utf-8"))) + 2 for d in docs]
             if p.mode == "byte":
                 tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
             else:
                 tokens, self.vocab = _chars(raw, p.encoding, p.path)
+            first = torch.zeros(tokens.numel(), dtype=torch.bool)
+            ends = torch.tensor(lengths or [], dtype=torch.long).cumsum(0)
+            first[0] = True
+            first[ends[ends < tokens.numel()]] = True
         self.file_tokens = tokens.numel()
         held_out = int(self.file_tokens * p.val_fraction)
         cut = self.file_tokens - held_out
         self.tokens = {"train": tokens[:cut], "val": tokens[cut:], "all": tokens}[p.split]
+        #: True at the first token of every document (`packed_batch`)
+        self.first = {"train": first[:cut], "val": first[cut:], "all": first}[p.split]
         unit = {"byte": "byte", "char": "character", "bpe": "token"}[p.mode]
         have = self.tokens.numel()
         if have < p.seq_len + 1:
@@ -146,6 +165,22 @@ class TextTask(Task):
         starts = torch.randint(0, self.tokens.numel() - T, (batch_size, 1), generator=generator)
         windows = self.tokens[starts + torch.arange(T + 1)].long()  # [B, T + 1]
         return windows[:, :-1].clone(), windows[:, 1:].clone()
+
+    def packed_batch(self, batch_size: int, generator: torch.Generator | None = None):
+        """The windows of `batch` (same draws) as packed documents: ``(inputs, targets, starts)``,
+        each ``[B, T]``; ``starts`` is True where a document begins in the row (always at 0),
+        and a target that begins a document is ``IGNORE_INDEX``."""
+        T = self.params.seq_len
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int (got {batch_size!r})")
+        starts = torch.randint(0, self.tokens.numel() - T, (batch_size, 1), generator=generator)
+        at = starts + torch.arange(T + 1)
+        windows, first = self.tokens[at].long(), self.first[at]
+        targets = windows[:, 1:].clone()
+        targets[first[:, 1:]] = IGNORE_INDEX
+        begins = first[:, :-1].clone()
+        begins[:, 0] = True
+        return windows[:, :-1].clone(), targets, begins
 
     # -- text <-> ids, for prompts and generated samples -----------------------------------------
     def encode(self, text: str) -> torch.Tensor:
