@@ -21,7 +21,7 @@ import torch
 from atlas_core.knobs.gates import Gate
 from atlas_core.knobs.retention import Retention
 
-ALPHA_KEY = Gate("alpha", shape="key", bias=3.0,
+ALPHA_KEY = Gate("alpha", shape="key", bias=3.0, range=(0.0, 1.0),
                  summary="per-key retain factor alpha_t[d] in [0, 1]: sigmoid(3.0) ~ 0.95")
 
 
