@@ -113,12 +113,12 @@ def cost_block(r: dict, machine: str) -> list[str]:
     rows = (f" (timed on {r['timed_rows']} of its {r['batch_size']} rows)"
             if r["timed_rows"] < r["batch_size"] else "")
     return [
-        f"{COST_PREFIX} {human_flops(r['flops_per_token'])} per token (forward + backward, "
-        f"{r['params']:,} parameters); trains at",
-        f"#   {r['tokens_per_s']:,.0f} tokens/s on {machine}{rows}, so its {r['steps']:,} steps "
-        f"of {r['batch_size']} x {r['seq_len']}",
-        f"#   tokens take about {duration(r['projected_s'])}. Regenerate: python "
-        "scripts/example_costs.py --write",
+        f"{COST_PREFIX} {human_flops(r['flops_per_token'])} per token (forward + backward), "
+        f"{r['params']:,} parameters;",
+        f"#   {r['tokens_per_s']:,.0f} tokens/s training on {machine}{rows}:",
+        f"#   its {r['steps']:,} steps of {r['batch_size']} x {r['seq_len']} tokens take about "
+        f"{duration(r['projected_s'])} there.",
+        "#   (measured and rewritten by: python scripts/example_costs.py --write)",
     ]
 
 
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     specs = args.specs or sorted((ROOT / "examples").glob("*.toml"))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    machine = f"one core of {cpu_name()} ({os.cpu_count()} cores)"
+    machine = f"one core of a {os.cpu_count()}-core {cpu_name()}"
     results = []
     for path in specs:
         path = path.resolve()
