@@ -77,9 +77,7 @@ def test_missing_transformers_leaves_atlas_core_working():
         import sys
         sys.modules["transformers"] = None  # as if not installed
         import atlas_core
-        model = atlas_core.build_model({"schema": "atlas/1", "name": "t", "model": {
-            "arch": "core:lm", "vocab_size": 8, "d_model": 8, "depth": 1, "heads": 2},
-            "memory": {"use": "titans:titans"}})
+        atlas_core.load_spec("examples/titans_mag.toml")
         try:
             from atlas_core.hf import export_checkpoint
             export_checkpoint("nowhere", "out")
