@@ -11,6 +11,10 @@
   costs the same at every position.
 - `AttentionBlock`: a pre-norm block ``x + SWA(norm(x)) ; x + MLP(norm(x))`` with its own
   persistent tokens: what a hybrid's blocks without memory are.
+- Packed documents (``cu_seqlens``, `atlas_core.varlen`): `SlidingWindowAttention.packed` lets a
+  token see its own document's prefix and the last ``window`` tokens of its own document, at the
+  positions a call on that document alone gives them (queries in blocks, each over the keys of
+  its band only); `with_prefix` puts a prefix before every document of a packed row.
 
 Shapes: inputs ``x: [B, n, d_model]`` (the new tokens), ``prefix: [N_p, d_model]`` or
 ``[B, N_p, d_model]``; outputs ``[B, n, d_model]``.
@@ -103,8 +107,66 @@ class SlidingWindowAttention(nn.Module):
         return y, {"pk": pk, "pv": pv, "k": K[:, :, tail:], "v": V[:, :, tail:], "pos": start + n}
 
 
+    def packed(self, x: torch.Tensor, cu: list[int], prefix: torch.Tensor | None = None) -> torch.Tensor:
+        """``x: [1, T, d]`` packed documents (boundaries ``cu``) -> ``y: [1, T, d]``, each document
+        as `forward` on it alone with no cache. ``prefix``: None, ``[N_p, d]`` (every document's)
+        or ``[N, N_p, d]`` (one per document)."""
+        from atlas_core.varlen import document_ids
+
+        T, dev, N = x.shape[1], x.device, len(cu) - 1
+        doc = document_ids(cu, dev)
+        offset = torch.arange(T, device=dev) - torch.tensor(cu[:-1], device=dev)[doc]
+        Np = 0 if prefix is None else prefix.shape[-2]
+        q, k, v = self.project(x, offset + Np)
+        pdoc = None
+        if Np and prefix.dim() == 3:  # one prefix per document: a query sees its own
+            _, pk, pv = self.project(prefix.to(x.dtype), torch.arange(Np, device=dev))
+            pk, pv = (rearrange(t, "n h p d -> 1 h (n p) d") for t in (pk, pv))
+            pdoc = torch.arange(N, device=dev).repeat_interleave(Np)
+        else:
+            pk, pv = self.prefix_kv(prefix, x)
+        index, W = torch.arange(T, device=dev), self.window
+        block = max(W, 128)
+        ys = []
+        for a in range(0, T, block):  # queries a .. b - 1 see keys lo .. b - 1 at most
+            b, lo = min(T, a + block), max(0, a - W + 1)
+            d = index[a:b, None] - index[None, lo:b]
+            band = (d >= 0) & (d < W) & (doc[a:b, None] == doc[None, lo:b])
+            if pdoc is None:
+                PK, PV = pk, pv
+                seen = torch.ones(b - a, pk.shape[2], dtype=torch.bool, device=dev)
+            else:
+                p0, p1 = int(doc[lo]) * Np, (int(doc[b - 1]) + 1) * Np
+                PK, PV = pk[:, :, p0:p1], pv[:, :, p0:p1]
+                seen = doc[a:b, None] == pdoc[None, p0:p1]
+            ys.append(F.scaled_dot_product_attention(
+                q[:, :, a:b], torch.cat([PK, k[:, :, lo:b]], 2), torch.cat([PV, v[:, :, lo:b]], 2),
+                attn_mask=torch.cat([seen, band], dim=1)))
+        return self.out(rearrange(torch.cat(ys, dim=2), "b h n d -> b n (h d)"))
+
+
+def with_prefix(h: torch.Tensor, prefix: torch.Tensor, cu: list[int]):
+    """``prefix: [N_p, d]`` before every document of the packed row ``h: [1, T, d]``: returns
+    ``(ext [1, T + N N_p, d], cu_ext (LongTensor), tokens [T], prefixes [N, N_p])``, the last two
+    the rows of ``ext`` that hold the tokens and each document's prefix."""
+    from atlas_core.varlen import document_ids
+
+    T, dev, N, Np = h.shape[1], h.device, len(cu) - 1, prefix.shape[0]
+    tokens = torch.arange(T, device=dev) + (document_ids(cu, dev) + 1) * Np
+    first = torch.tensor(cu[:-1], device=dev) + torch.arange(N, device=dev) * Np  # doc i's prefix
+    prefixes = first[:, None] + torch.arange(Np, device=dev)
+    order = torch.empty(T + N * Np, dtype=torch.long, device=dev)
+    order[tokens] = Np + torch.arange(T, device=dev)
+    order[prefixes.reshape(-1)] = torch.arange(Np, device=dev).repeat(N)
+    ext = torch.cat([prefix.to(h.dtype), h[0]], dim=0).index_select(0, order).unsqueeze(0)
+    cu_ext = torch.tensor([c + i * Np for i, c in enumerate(cu)], dtype=torch.long, device=dev)
+    return ext, cu_ext, tokens, prefixes
+
+
 class AttentionBlock(nn.Module):
     """``x + SWA([p] || norm(x))``, then ``x + MLP(norm(x))``: a hybrid block without memory."""
+
+    packed = True  # takes cu_seqlens (packed documents)
 
     def __init__(self, d_model: int, heads: int, window: int, persistent: int, rotary_base: float,
                  mlp_ratio: float, eps: float) -> None:
@@ -115,7 +177,13 @@ class AttentionBlock(nn.Module):
         self.norm_mlp = nn.RMSNorm(d_model, eps=eps)
         self.mlp = FeedForward(d_model, mlp_ratio)
 
-    def forward(self, x: torch.Tensor, state, keep_state: bool):
+    def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
+        if cu_seqlens is not None:  # packed documents, each from the start (no state)
+            from atlas_core.varlen import check_cu_seqlens
+
+            cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
+            x = x + self.attn.packed(self.norm_attn(x), cu, self.persistent)
+            return x + self.mlp(self.norm_mlp(x)), None
         y, state = self.attn(self.norm_attn(x), state, prefix=self.persistent, keep_state=keep_state)
         x = x + y
         return x + self.mlp(self.norm_mlp(x)), state

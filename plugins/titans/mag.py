@@ -22,12 +22,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import AttentionBlock, SlidingWindowAttention
+from .attention import AttentionBlock, SlidingWindowAttention, with_prefix
 from .common import (BranchGate, FeedForward, HybridParams, TitansLM, build_memory_layer,
                      run_memory, spec_of)
 
 
 class MAGBlock(nn.Module):
+    packed = True  # takes cu_seqlens: every document is a sequence of its own (p first)
+
     def __init__(self, p: HybridParams, memory) -> None:
         super().__init__()
         d = p.d_model
@@ -39,7 +41,9 @@ class MAGBlock(nn.Module):
         self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
         self.mlp = FeedForward(d, p.mlp_ratio)
 
-    def forward(self, x: torch.Tensor, state, keep_state: bool):
+    def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
+        if cu_seqlens is not None:
+            return self._packed(x, cu_seqlens), None
         B, T, _ = x.shape
         h = self.norm_in(x)
         attn_st, mem_st = (state["attn"], state["memory"]) if state else (None, None)
@@ -50,6 +54,19 @@ class MAGBlock(nn.Module):
         x = x + self.gate(y, m[:, m.shape[1] - T :])
         x = x + self.mlp(self.norm_mlp(x))
         return x, ({"attn": attn_st, "memory": mem_st} if keep_state else None)
+
+
+    def _packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Packed documents (``x: [1, T, d]``), each as `forward` from the start of a sequence."""
+        from atlas_core.varlen import check_cu_seqlens
+
+        cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
+        h = self.norm_in(x)
+        y = self.attn.packed(h, cu, self.persistent)
+        ext, cu_ext, tokens, _ = with_prefix(h, self.persistent, cu)  # the memory reads p first
+        m, _ = run_memory(self.memory, ext, None, keep_state=False, cu_seqlens=cu_ext)
+        x = x + self.gate(y, m[:, tokens])
+        return x + self.mlp(self.norm_mlp(x))
 
 
 class MAG(TitansLM):

@@ -20,11 +20,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import AttentionBlock, SlidingWindowAttention
+from .attention import AttentionBlock, SlidingWindowAttention, with_prefix
 from .common import FeedForward, HybridParams, TitansLM, build_memory_layer, run_memory, spec_of
 
 
 class MALBlock(nn.Module):
+    packed = True  # takes cu_seqlens: every document is a sequence of its own (p first)
+
     def __init__(self, p: HybridParams, memory) -> None:
         super().__init__()
         d = p.d_model
@@ -36,7 +38,9 @@ class MALBlock(nn.Module):
         self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
         self.mlp = FeedForward(d, p.mlp_ratio)
 
-    def forward(self, x: torch.Tensor, state, keep_state: bool):
+    def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
+        if cu_seqlens is not None:
+            return self._packed(x, cu_seqlens), None
         B = x.shape[0]
         Np = self.persistent.shape[0]
         first = state is None
@@ -49,6 +53,21 @@ class MALBlock(nn.Module):
         x = z + a
         x = x + self.mlp(self.norm_mlp(x))
         return x, ({"attn": attn_st, "memory": mem_st} if keep_state else None)
+
+
+    def _packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """Packed documents (``x: [1, T, d]``), each as `forward` from the start of a sequence:
+        every document gets its own ``p`` before it, and its attention its own prefix."""
+        from atlas_core.varlen import check_cu_seqlens
+
+        cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
+        z, cu_ext, tokens, prefixes = with_prefix(x, self.persistent, cu)
+        u, _ = run_memory(self.memory, self.norm_mem(z), None, keep_state=False, cu_seqlens=cu_ext)
+        z = z + u
+        prefix = self.norm_attn(z[0, prefixes])  # [N, N_p, d]: each document's own
+        z = z[:, tokens]
+        x = z + self.attn.packed(self.norm_attn(z), cu, prefix)
+        return x + self.mlp(self.norm_mlp(x))
 
 
 class MAL(TitansLM):

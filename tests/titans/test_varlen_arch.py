@@ -110,3 +110,28 @@ def test_bad_cu_seqlens_is_named(arch):
         model(ids, cu_seqlens=torch.tensor([0, 5, 20]))
     with pytest.raises(ValueError, match="batch size 1"):
         model(ids.expand(2, -1), cu_seqlens=_cu(LENGTHS))
+
+
+@pytest.mark.parametrize("arch", ["titans:lmm", "titans:mag", "titans:mal"])
+def test_lmm_mag_mal_run_packed_documents_in_one_pass(arch):
+    """Every block of these models takes cu_seqlens itself (no per-document fallback)."""
+    model = ac.build_model(_spec(arch, "linear-exact4", memory_layers=[2])).double()
+    assert all(getattr(b, "packed", False) for b in model.blocks)
+
+
+@pytest.mark.parametrize("per_document_prefix", [False, True])
+def test_packed_window_attention_across_query_blocks(per_document_prefix):
+    """Queries run in blocks of 128: a row of 300 tokens crosses several, documents too."""
+    from atlas_plugins.titans.attention import SlidingWindowAttention
+
+    torch.manual_seed(4)
+    attn = SlidingWindowAttention(8, 2, 5, 10000.0).double()
+    lengths = (130, 1, 40, 129)
+    cu = _cu(lengths).tolist()
+    x = torch.randn(1, sum(lengths), 8, dtype=torch.float64)
+    prefix = torch.randn(len(lengths), 3, 8, dtype=torch.float64) if per_document_prefix else \
+        torch.randn(3, 8, dtype=torch.float64)
+    y = attn.packed(x, cu, prefix)
+    ref = torch.cat([attn(x[:, a:b], None, prefix=prefix[i] if per_document_prefix else prefix)[0]
+                     for i, (a, b) in enumerate(zip(cu, cu[1:]))], dim=1)
+    torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-9)
