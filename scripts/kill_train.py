@@ -243,7 +243,7 @@ def trial(rng: random.Random, runner: Runner, spec: Path, tmp: Path, k: int, ref
         if code != 0 and code != -signal.SIGKILL and "nothing left to train" in out:
             stats["killed after the end marker"] += 1  # already finished: nothing to resume
             code = 0
-        elif code == 0 and "starting it again from step 0" in out:
+        if "starting it again from step 0" in out:  # printed before training starts
             stats["restarted from step 0"] += 1
     if code == 0 and attempts == 0:
         stats["finished before the kill"] += 1
