@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py                        # suite "main"
     OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py --suite small_state
+    OMP_NUM_THREADS=1 python benchmarks/compare_mqar.py --suite zoo
     python benchmarks/compare_mqar.py --steps 1500 --task '{use = "mqar", num_pairs = 16, seq_len = 128}'
 
 Every spec of a suite (``benchmarks/mqar/<suite>/``, in the order of `ORDER`; or the files named
@@ -22,12 +23,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ["delta", "delta_exact", "hebbian", "titans", "titans_tuned", "titans_tuned_exact", "titans_half",
-         "titans_half_exact"]
+         "titans_half_exact",
+         # suite "zoo": the field's published rules (plugins/zoo)
+         "linear_attention", "retnet", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda",
+         "longhorn", "gated_delta_product", "rwkv7"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", default="main", help="a folder of benchmarks/mqar/ (main, small_state)")
+    ap.add_argument("--suite", default="main", help="a folder of benchmarks/mqar/ (main, small_state, zoo)")
     ap.add_argument("--spec", action="append", help="a spec file (repeatable), instead of a suite")
     ap.add_argument("--task", help="inline TOML table of the task (default: the specs' own)")
     ap.add_argument("--steps", type=int, help="optimizer steps per spec (default: the specs' own)")
