@@ -19,9 +19,8 @@ forward pass under ``torch.autocast(dtype=torch.bfloat16)`` on the run's device;
 gradients and AdamW's state stay float32, the loss is computed in float32, and every memory rule
 call runs with autocast off (`atlas_core.rule.Rule.forward`), so the memory's state and inner loop
 stay float32. ``compile = true`` trains through ``torch.compile(model)`` (the same parameters;
-checkpoints hold the plain model's weights); compiled code is cached under
-``TORCHINDUCTOR_CACHE_DIR`` (default: ``~/.cache/atlas-memory/torch-compile``), and the first
-step, which pays the compilation, is timed on stderr and in ``metrics.jsonl``. Evaluations run the
+checkpoints hold the plain model's weights); compiled code is cached where torch keeps it
+(``$TORCHINDUCTOR_CACHE_DIR``, by default ``/tmp/torchinductor_<user>``), and the first step, which pays the compilation, is timed on stderr and in ``metrics.jsonl``. Evaluations run the
 plain model in float32 in both cases.
 
 What a person reads on stderr (rank 0; the same lines whether or not stderr is a terminal, the
@@ -107,12 +106,13 @@ ESTIMATE_AFTER_S = 20.0  # ... or this many seconds, whichever comes first
 
 
 def compile_cache_dir() -> str:
-    """Where torch.compile keeps compiled code (``$TORCHINDUCTOR_CACHE_DIR``, set to the
-    package's cache directory when unset)."""
-    if not os.environ.get(COMPILE_CACHE_ENV):
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        os.environ[COMPILE_CACHE_ENV] = os.path.join(base, "atlas-memory", "torch-compile")
-    return os.environ[COMPILE_CACHE_ENV]
+    """Where torch.compile keeps compiled code: ``$TORCHINDUCTOR_CACHE_DIR`` when set, else
+    torch's default (``/tmp/torchinductor_<user>``); later runs of the same model reuse it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:  # an older torch: the variable, or its documented default
+        return os.environ.get(COMPILE_CACHE_ENV) or "/tmp/torchinductor_<user>"
+    return cache_dir()
 
 
 def _is_compile_error(exc: BaseException) -> bool:
@@ -190,7 +190,6 @@ class Trainer:
         if p.precision == "bf16":  # bf16 activations meet fp32 norm weights: torch's unfused path
             warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
         if p.compile:
-            compile_cache_dir()
             self.forward = torch.compile(self.model, backend=COMPILE_BACKEND)
         self.params = [q for _, q in named_unique_parameters(self.model)]
         self.optimizer = build_optimizer(self.model, p)
@@ -222,7 +221,8 @@ class Trainer:
 
             enable(self.model, torch.distributed.new_group(list(range(self.dist.world))))
         engine = wrap(self.model, self.dist, self.shard, self.device)
-        self.forward = torch.compile(engine) if self.p.compile else engine
+        self.forward = (torch.compile(engine, backend=COMPILE_BACKEND) if self.p.compile
+                        else engine)
         if self.shard == "fsdp":
             self.params = [q for _, q in named_unique_parameters(self.model)]
             self.optimizer = build_optimizer(self.model, self.p)
