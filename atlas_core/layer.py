@@ -209,18 +209,21 @@ class MemoryLayer(nn.Module):
     def forward(self, x: torch.Tensor, state: dict | None = None, cu_seqlens: torch.Tensor | None = None):
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be [B, T, d_model={self.d_model}], got {tuple(x.shape)}")
-        cu = None  # packed documents (atlas_core/varlen.py): the state then holds a row per document
+        # packed documents (atlas_core/varlen.py): the state holds a row per document; the extra
+        # arguments are passed only then (the calls stay as they were for everything else)
+        packed, conv_cu = {}, ()
         if cu_seqlens is not None:
             from .varlen import check_cu_seqlens
 
-            cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
+            packed = {"cu_seqlens": cu_seqlens}
+            conv_cu = (check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0]),)
         state = dict(state or {})
         new_state: dict[str, torch.Tensor] = {}
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.use_conv:
-            q, new_state["conv.q"] = self.q_conv(q, state.get("conv.q"), cu)
-            k, new_state["conv.k"] = self.k_conv(k, state.get("conv.k"), cu)
-            v, new_state["conv.v"] = self.v_conv(v, state.get("conv.v"), cu)
+            q, new_state["conv.q"] = self.q_conv(q, state.get("conv.q"), *conv_cu)
+            k, new_state["conv.k"] = self.k_conv(k, state.get("conv.k"), *conv_cu)
+            v, new_state["conv.v"] = self.v_conv(v, state.get("conv.v"), *conv_cu)
         if self.params.qkv_activation == "silu":
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q = rearrange(q, "b t (h d) -> b t h d", h=self.heads)
@@ -234,7 +237,7 @@ class MemoryLayer(nn.Module):
             q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
         y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner,
-                          cu_seqlens=cu_seqlens)
+                          **packed)
         new_state.update({f"rule.{key}": t for key, t in rs.items()})
         if self.params.output_norm:
             y = self.out_norm(y)
