@@ -158,3 +158,16 @@ def test_train_eval_generate_end_to_end(corpus, tokenizer_file, tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "back.json").read_text() == tokenizer_file.read_text()
     assert torch.isfinite(torch.tensor(ppl))
+    # reloaded through Hugging Face transformers, with its tokenizer
+    transformers = pytest.importorskip("transformers", reason="extra 'hf'")
+    r = invoke(["export-hf", str(out), str(tmp_path / "hf")])
+    assert r.exit_code == 0, r.output
+    import atlas_core
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    ids = hf_tok("the memory", return_tensors="pt")["input_ids"]
+    assert ids[0].tolist() == gen["prompt_ids"]
+    native = atlas_core.load(out)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, native(ids), rtol=1e-5, atol=1e-5)
