@@ -114,24 +114,36 @@ def _short(v: int) -> Any:
 
 
 # -- parameter count ----------------------------------------------------------------------------
-def lm_estimate(model: Mapping[str, Any]) -> tuple[float, str] | None:
+def lm_estimate(model: Mapping[str, Any], layer: Mapping[str, Any] | None = None
+                ) -> tuple[float, str] | None:
     """A closed-form estimate of the parameters of a language model's ``[model]`` table (the
-    embedding and, per block, the MLP and the memory layer's four d_model x d_model projections)
-    and the key that dominates it; None when the table has no ``d_model``/``depth``."""
-    model = {"depth": 2, "mlp_ratio": 4.0, **model}
+    embedding and, per block, the MLP and the memory layer's q, k, v and output projections, of
+    ``heads x d_key`` and ``heads x d_value`` when ``[layer]`` sets them) and the key that
+    dominates it; None when the table has no usable ``d_model``."""
+    model = {"depth": 2, "mlp_ratio": 4.0, "heads": 1, **model}
+    layer = layer or {}
     try:
         d = float(model["d_model"])
-        depth = float(model.get("depth", 1))
+        depth = float(model["depth"])
         vocab = float(model.get("vocab_size", 0))
-        ratio = float(model.get("mlp_ratio", 4.0))
+        ratio = float(model["mlp_ratio"])
+        heads = float(model["heads"])
+        dk = float(layer.get("d_key") or d / max(heads, 1.0))
+        dv = float(layer.get("d_value") or dk)
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
     embed = vocab * d * (1 if model.get("tie_embeddings", True) else 2)
-    block = d * d * (4.0 + 2.0 * ratio)
+    projections = d * heads * (2.0 * dk + 2.0 * dv)
+    block = d * d * 2.0 * ratio + projections
     total = embed + depth * block
-    key = "depth" if depth * block >= embed else "vocab_size"
-    if key == "depth" and depth <= 64:
-        key = "d_model"
+    if depth * block < embed:
+        key = "model.vocab_size"
+    elif depth > 64:
+        key = "model.depth"
+    elif projections > 4.0 * d * d and layer.get("d_key") is not None:
+        key = "layer.d_key"
+    else:
+        key = "model.d_model"
     return total, key
 
 
@@ -146,15 +158,19 @@ def too_big_issue(total: float, path: str, value: Any, limit_params: int = MAX_P
                        f", {_sci(4 * limit_params)} bytes in float32)", value, "choose smaller sizes")
 
 
-def model_size_issues(model: Mapping[str, Any] | None) -> list[Issue]:
-    """The resolver's check: the closed-form estimate of ``[model]`` over `MAX_PARAMS`."""
+def model_size_issues(model: Mapping[str, Any] | None, layer: Mapping[str, Any] | None = None
+                      ) -> list[Issue]:
+    """The resolver's check: the closed-form estimate of ``[model]`` (and ``[layer]``'s head
+    sizes) over `MAX_PARAMS`."""
     if not isinstance(model, Mapping):
         return []
-    found = lm_estimate(model)
+    found = lm_estimate(model, layer if isinstance(layer, Mapping) else None)
     if found is None or found[0] <= MAX_PARAMS:
         return []
-    total, key = found
-    return [too_big_issue(total, f"model.{key}", model.get(key))]
+    total, path = found
+    section, key = path.split(".")
+    value = (model if section == "model" else layer).get(key)
+    return [too_big_issue(total, path, value)]
 
 
 _MODEL_SIZE_KEYS = {"depth": "depth", "d_model": "width", "vocab_size": "vocab", "heads": "heads",

@@ -180,7 +180,7 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
     for section, resolved in (("model", model_r), ("memory", memory_r), ("layer", layer_r),
                               ("train", train_r)):
         issues.extend(spec_value_issues(resolved, section))
-    issues.extend(model_size_issues(model_r))
+    issues.extend(model_size_issues(model_r, layer_r))
     if issues:
         raise SpecError(issues, source)
     spec = Spec(schema=schema, name=name, model=model_r, memory=memory_r, layer=layer_r,

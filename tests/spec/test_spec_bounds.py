@@ -103,3 +103,12 @@ def test_an_absurd_value_never_reaches_a_float_overflow():
     with pytest.raises(SpecError, match="model.depth"):
         load_spec(data)
     assert lm_estimate({"d_model": 10**400}) is None  # too large for a float: no estimate
+
+
+def test_head_sizes_of_the_layer_count_in_the_estimate():
+    """4,096 heads of 65,536-wide keys and values on a 65,536-wide model: each projection is
+    65,536 x 4,096 x 65,536 (1.8e13), four of them per block, two blocks: ~1.4e14."""
+    data = {"model": {"arch": "core:lm", "vocab_size": 32, "d_model": 65536, "depth": 2,
+                      "heads": 4096}, "memory": {"use": "titans:titans"}, "layer": {"d_key": 65536}}
+    with pytest.raises(SpecError, match=r"layer.d_key: the model would have ~1.4e14 parameters"):
+        load_spec(data)
