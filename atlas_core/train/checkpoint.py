@@ -471,6 +471,9 @@ def claim_run_dir(run_dir: str | Path, spec_text: str | None = None) -> RunLock 
     if fh is None:
         fh = open(run_dir / LOCK_FILE, "a+")
         _lock(fh, run_dir)
+    for child in run_dir.glob(".spec.toml.tmp-*"):  # a write killed before its rename
+        if child.name.rsplit("-", 1)[1].isdigit():
+            child.unlink(missing_ok=True)  # the lock is ours: no one else writes this run
     lock = RunLock(key, fh)
     _held[key] = lock
     return lock
