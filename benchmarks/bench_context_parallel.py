@@ -18,8 +18,9 @@ Usage::
     python benchmarks/bench_context_parallel.py                      # the recorded table
     python benchmarks/bench_context_parallel.py --T 4096 --R 1 2 --rules titans:titans
 
-Each process gets ``cores / R`` threads (at least 1): with R above the core count the ranks
-share cores, so the time measures the ranks' work added up, not R machines in parallel.
+Every process runs ``--threads`` threads (default 1; R = 1 too, so that the rows compare the same
+per-process work): with R above the core count the ranks share cores, and the time measures the
+ranks' work added up, not R machines in parallel.
 """
 
 from __future__ import annotations
@@ -112,13 +113,19 @@ def measure(payload, info) -> dict:
     return out
 
 
-def run(name: str, T: int, R: int, repeat: int) -> dict:
+def measure_threads(payload, info) -> dict:
+    *rest, threads = payload
+    torch.set_num_threads(threads)
+    return measure(tuple(rest), info)
+
+
+def run(name: str, T: int, R: int, repeat: int, threads: int) -> dict:
     from atlas_core.train.distributed import SINGLE, spawn
 
     if R == 1:
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(threads)
         return measure((name, T, repeat), SINGLE)
-    return spawn(measure, (name, T, repeat), R, "cpu")
+    return spawn(measure_threads, (name, T, repeat, threads), R, "cpu")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,9 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--R", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--rules", nargs="+", default=["titans:titans", "titans:titans_deep"])
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="threads per process (default 1)")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds per step (see above)")
     args = ap.parse_args(argv)
-    print(f"# {os.cpu_count()} cores, torch {torch.__version__}, heads {HEADS}, D {D}, batch 1, "
+    print(f"# {os.cpu_count()} cores, {args.threads} thread(s) a process, torch "
+          f"{torch.__version__}, heads {HEADS}, D {D}, batch 1, "
           "float32, anchor 64, chunkwise strategy (chunk 64)")
     print(f"{'rule':22s} {'T':>6s} {'R':>2s} {'mode':>6s} {'tok/s':>9s} {'s/step':>8s} "
           f"{'peak MiB/rank':>14s}")
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:22s} {T:6d} {R:2d}  skipped (a shorter T took over "
                           f"{args.budget:.0f} s a step)", flush=True)
                     continue
-                m = run(name, T, R, args.repeat)
+                m = run(name, T, R, args.repeat, args.threads)
                 if m["seconds"] > args.budget:
                     over.add(R)
                 print(f"{name:22s} {T:6d} {R:2d} {m['mode']:>6s} {T / m['seconds']:9.0f} "

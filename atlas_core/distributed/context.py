@@ -26,7 +26,7 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    ``S_out = S_in P^T + C`` with ``P: [B, H, K Dphi, K Dphi]`` and ``C: [B, H, Dv, K Dphi]``.
    They are measured with the rule itself, exactly: one run from S = 0 gives C, and
    ``m = ceil(K Dphi / Dv)`` runs from basis rows (row i of probe p holds basis vector
-   ``p Dv + i``) give the columns of P. The m + 1 runs go as one batch of (m + 1) B sequences;
+   ``p Dv + i``) give the columns of P. The m + 1 runs go one after another, without a graph;
 3. all ranks all-gather (P, C) and compose them in rank order (a scan over ranks): rank r's true
    initial memory is ``S_r = S_{r-1} P_{r-1}^T + C_{r-1}``; then each rank runs its slice from its
    true initial state (with a graph);
@@ -40,7 +40,7 @@ Cost of ``affine`` per rank, slice of T_r tokens: the forward runs the slice (m 
 ((m + 1) probes without a graph, one with), the backward twice (``g_r``, then the full backward)
 plus the window inputs' small backward; communication: the all-gather of (P, C), ``R B H (K^2
 Dphi^2 + Dv K Dphi)`` numbers, of the ``g_r`` (``R B H Dv K Dphi``) and, with a window, of the
-carried inputs; memory: the probe batch holds (m + 1) times the slice's activations (no graph).
+carried inputs; memory: one probe run's intermediates at a time (no graph), and the maps.
 With Dv = Dphi, m = K: 2 probe runs for the delta rule, 3 for Titans' momentum, 4 with an anchor.
 Nothing waits on another rank's computation: every rank works at once.
 
@@ -217,33 +217,27 @@ def _carried_inputs(call: _Call, s0, q, k, v, gates, lengths: list[int]) -> dict
 
 
 def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
-    """``(P, C)`` of this rank's slice: ``S_out = S_in P^T + C`` (see the module docstring)."""
+    """``(P, C)`` of this rank's slice: ``S_out = S_in P^T + C`` (see the module docstring).
+    The m + 1 probe runs go one after another, without a graph: the memory of one run."""
     keys = call.memory_keys
     B, H, Dv, KD = like.shape
     m = math.ceil(KD / Dv)
-    probes = [torch.zeros_like(like)]
+
+    def final_rows(rows_in: torch.Tensor) -> torch.Tensor:
+        state = dict(carried)
+        state.update(_unrows(rows_in, keys))
+        with torch.no_grad():
+            _, out = call.run(q, k, v, gates, state)
+        return _rows(out, keys)
+
+    C = final_rows(torch.zeros_like(like))
+    P = torch.zeros(B, H, KD, KD, dtype=like.dtype, device=like.device)
     eye = torch.eye(KD, dtype=like.dtype, device=like.device)
     for p in range(m):
-        basis = torch.zeros_like(like)
-        rows = eye[p * Dv:(p + 1) * Dv]  # basis vectors p*Dv .. : one per memory row
-        basis[:, :, :rows.shape[0]] = rows
-        probes.append(basis)
-    n = len(probes)
-    rows_in = torch.cat(probes, dim=0)  # [(m + 1) B, H, Dv, KD]
-    state = {key: x.repeat(n, *([1] * (x.dim() - 1))) for key, x in carried.items()}
-    state.update(_unrows(rows_in, keys))
-
-    def rep(x):
-        return x.repeat(n, *([1] * (x.dim() - 1)))
-
-    with torch.no_grad():
-        _, out = call.run(rep(q), rep(k), rep(v), {g: rep(x) for g, x in gates.items()}, state)
-    rows_out = _rows(out, keys).reshape(n, B, H, Dv, KD)
-    C = rows_out[0]
-    P = torch.zeros(B, H, KD, KD, dtype=like.dtype, device=like.device)
-    for p in range(m):
-        cols = rows_out[p + 1] - C  # row i: P applied to basis vector p*Dv + i
         lo, hi = p * Dv, min((p + 1) * Dv, KD)
+        basis = torch.zeros_like(like)
+        basis[:, :, :hi - lo] = eye[lo:hi]  # row i holds basis vector p*Dv + i
+        cols = final_rows(basis) - C  # row i: P applied to that basis vector
         P[..., :, lo:hi] = cols[:, :, :hi - lo].transpose(-1, -2)
     return P, C
 
