@@ -13,8 +13,8 @@ nothing crosses a boundary, and the final state holds one row per document (batc
 - `packed_call`: a rule call over packed documents. It runs the rule's bound strategy on the
   documents themselves — the strategy contract (any split of a sequence into calls equals one
   call, docs/math.md) makes that exact for every strategy, with no padding to a chunk size.
-  Documents of equal length (and equal non-float state entries, e.g. an anchor position) run
-  together as one batched call;
+  Documents of equal length (and equal per-document scalars in the state, e.g. an anchor
+  position) run together as one batched call;
 - `packed_short_conv`: a layer's causal short convolution over packed documents (each document
   starts from zeros or its own carried inputs);
 - `document_ids`, `per_document`: per-token document numbers, and a function applied to each
@@ -129,9 +129,9 @@ def packed_call(run: Callable[[tuple, dict], tuple], signature: Callable, args: 
                     f"row per document: batch N = {N} (pass the state a packed call returned, or "
                     "None to start every document afresh)")
     docs = list(zip(cu, cu[1:]))
-    # documents that can run as one batched call: equal length and equal non-float state entries
-    # (a rule may need one value of e.g. an anchor position for a whole batch)
-    flags = [] if state is None else [k for k, t in state.items() if not t.is_floating_point()]
+    # documents that can run as one batched call: equal length and equal per-document scalars
+    # in the state (a rule may need one value of e.g. its anchor position for a whole batch)
+    flags = [] if state is None else [k for k, t in state.items() if t.dim() == 1]
     groups: dict[tuple, list[int]] = {}
     for i, (a, b) in enumerate(docs):
         key = (b - a, *(tuple(state[k][i].reshape(-1).tolist()) for k in flags))

@@ -227,3 +227,25 @@ def test_packed_short_conv_equals_one_conv_per_document(carried):
     gb = torch.autograd.grad((ref_y * g).sum() + ref_c.sum(), wrt)
     for a, b in zip(ga, gb):
         torch.testing.assert_close(a, b, rtol=TOL, atol=TOL)
+
+
+def test_documents_at_different_anchor_positions_continue_exactly():
+    """Per-document states at different positions inside their anchor blocks (documents of equal
+    length, so only the position keeps them from one batched call) continue as separate calls."""
+    torch.manual_seed(0)
+    rule = ac.build_rule({"use": "titans:titans", "anchor": 4}, heads=H, d_key=D, d_value=D).double()
+    strategy = {"use": "core:chunkwise", "chunk_size": 2}
+    a = rule(**_inputs(rule, 1, 3, seed=8), strategy=strategy)[1]
+    b = rule(**_inputs(rule, 1, 6, seed=9), strategy=strategy)[1]
+    state0 = {k: torch.cat([a[k], b[k], a[k]], dim=0) for k in a}
+    assert state0["anchor.pos"].tolist() == [3, 2, 3]
+    cu = _cu((5, 5, 5))
+    inputs = _inputs(rule, 1, 15, seed=10)
+    ref = _separate(rule, inputs, cu, strategy, state0)
+    got = _packed(rule, inputs, cu, strategy, state0)
+    torch.testing.assert_close(got[0], ref[0], rtol=TOL, atol=TOL)
+    for key in ref[1]:
+        torch.testing.assert_close(got[1][key], ref[1][key], rtol=TOL, atol=TOL)
+    for x, y in zip(ref[2], got[2]):
+        if x is not None:
+            torch.testing.assert_close(y, x, rtol=TOL, atol=TOL)
