@@ -249,3 +249,27 @@ def test_documents_at_different_anchor_positions_continue_exactly():
     for x, y in zip(ref[2], got[2]):
         if x is not None:
             torch.testing.assert_close(y, x, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("memory", [
+    {"use": "titans:titans", "parallel": {"use": "core:exact_chunk", "chunk_size": 4}},
+    {"use": "omega:omeganet", "parallel": "core:sequential"},
+])
+def test_memory_layer_packed_with_carried_states(memory):
+    """A layer call over packed documents, each continuing its own carried state (convolution
+    inputs and rule state), equals one layer call per document."""
+    from atlas_core.layer import MemoryLayer
+
+    torch.manual_seed(0)
+    layer = MemoryLayer.from_spec({"memory": memory, "layer": {"conv_size": 3}}, d_model=8, heads=2).double()
+    lengths = (2, 5, 1, 5)
+    cu = _cu(lengths)
+    x = torch.randn(1, sum(lengths), 8, dtype=torch.float64)
+    _, warm = layer(torch.randn(len(lengths), 3, 8, dtype=torch.float64))
+    y, state = layer(x, warm, cu_seqlens=cu)
+    b = cu.tolist()
+    parts = [layer(x[:, a:c], {k: t[i : i + 1] for k, t in warm.items()}) for i, (a, c) in enumerate(zip(b, b[1:]))]
+    torch.testing.assert_close(y, torch.cat([p[0] for p in parts], 1), rtol=TOL, atol=TOL)
+    assert set(state) == set(warm) and any(k.startswith("conv.") for k in state)
+    for key in state:
+        torch.testing.assert_close(state[key], torch.cat([p[1][key] for p in parts], 0), rtol=TOL, atol=TOL)
