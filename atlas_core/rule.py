@@ -21,6 +21,9 @@ A rule is a pure function of explicit tensors (docs/math.md, "Shapes and names")
 The strategy is resolved once per strategy value and cached on the rule (`Rule.runner`): a call
 makes no registry lookup and no ``supports()`` check after the first one with that value.
 
+Packed documents: ``rule(q, k, v, gates=..., cu_seqlens=LongTensor[N + 1])`` with batch size 1
+runs each document as a call of its own (`atlas_core.varlen`; the state has one row per document).
+
 Half-precision inputs are computed in float32 (outputs are cast back; the state stays float32);
 under ``torch.autocast`` a rule call runs with autocast off, so its inner loop stays float32 too.
 """
