@@ -24,7 +24,7 @@ nothing crosses a boundary, and the final state holds one row per document (batc
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -119,7 +119,7 @@ def packed_call(run: Callable[[tuple, dict], tuple], signature: Callable, args: 
                                  f"{name} has shape {tuple(t.shape)}")
     N = len(cu) - 1
     if state is not None:
-        if not isinstance(state, dict):
+        if not isinstance(state, Mapping):
             raise ValueError(f"state must be a mapping of named tensors, got {type(state).__name__}")
         for key, t in state.items():
             if not isinstance(t, torch.Tensor) or t.dim() < 1 or t.shape[0] != N:
