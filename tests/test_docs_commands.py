@@ -54,9 +54,12 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"--steps \d+", "--steps 2", "two optimizer steps show that a training command runs"),
     (r"^(atlas train\b(?!.*--steps).*)$", r"\1 --steps 2", "the same, where no --steps is given"),
     (r"--lengths [\d,]+", "--lengths 16", "one short sequence length per benchmark"),
+    (r"^(atlas bench\b(?!.*--rules).*)$", r"\1 --rules delta", "one rule where the command "
+     "names none (all seven at once is tests/bench's and the full sweep's job)"),
     (r"^(atlas bench\b.*)$", r"\1 --batch 1 --heads 1 --dim 4 --chunk 8 --exact-chunks 8 "
-     "--decode-chunks 16,32 --decode-tokens 2 --repeats 1 --threads 1 --no-memory",
-     "tiny benchmark sizes (the flags given last win)"),
+     "--decode-chunks 16,32 --decode-tokens 2 --repeats 1 --threads 1 --no-memory "
+     "--no-baselines", "tiny benchmark sizes, strategies only (the flags given last win; "
+     "tests/bench/test_bench_cli.py runs the baselines)"),
     (r"--max-new-tokens \d+", "--max-new-tokens 4", "a few generated tokens"),
     (r"--batches \d+", "--batches 1", "one evaluation batch"),
     (r"--vocab-size \d+", "--vocab-size 300", "a tokenizer the small generated corpus can fill"),
@@ -86,7 +89,7 @@ _CORPUS_SPEC = textwrap.dedent("""\
     feature_map = "core:identity"
     read = "after"
     [train]
-    task = { use = "text", path = "corpus.jsonl", tokenizer = "tokenizer.json", seq_len = 32 }
+    task = { use = "text", path = "corpus.jsonl", tokenizer = "setup-tok.json", seq_len = 32 }
     steps = 2
     batch_size = 2
     eval_batches = 1
@@ -97,7 +100,8 @@ SETUP: dict[str, list[str]] = {
     "README.md": ["atlas train examples/mqar_default.toml --steps 2 --out runs/mqar-small"],
     # the user's corpus and the run of the doc's spec (its TOML block is a fragment)
     "docs/data.md": [f"python -c {shlex.quote(_TINY_CORPUS)}",
-                     "atlas tokenizer train corpus.jsonl --vocab-size 300 --out tokenizer.json",
+                     # under another name: the doc's own command writes tokenizer.json
+                     "atlas tokenizer train corpus.jsonl --vocab-size 300 --out setup-tok.json",
                      f"write corpus.toml {shlex.quote(_CORPUS_SPEC)}",
                      "atlas train corpus.toml --steps 2 --out runs/corpus"],
     # the runs the Hugging Face guide exports
@@ -111,7 +115,7 @@ STEP_DIR = (r"checkpoints/step-\d{9}", "checkpoints/step-000000002")
 # what the sandbox links from the checkout (inputs only: nothing is written through them except
 # by commands in NOT_RUN)
 LINKED = ["examples", "docs", "benchmarks", "packages", "scripts", "atlas_core", "plugins"]
-PER_DOC_TIMEOUT = 240
+PER_DOC_TIMEOUT = 600  # seconds; a loaded machine runs many times slower than an idle one
 
 
 # -- finding the commands -------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def plan(doc: Path) -> tuple[list[dict], list[tuple[int, str, str]]]:
 
 # -- running them -----------------------------------------------------------------------------------
 DRIVER = r'''
-import contextlib, io, json, os, shlex, subprocess, sys, traceback
+import contextlib, io, json, os, resource, shlex, subprocess, sys, time, traceback
 from pathlib import Path
 sys.argv = ["atlas"]
 from atlas_cli.main import run as atlas
@@ -192,6 +196,8 @@ results = []
 for item in json.loads(sys.stdin.read()):
     cmd = item["cmd"]
     out, err, code = io.StringIO(), io.StringIO(), 0
+    t0 = time.perf_counter()
+    c0 = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     try:
         if cmd.startswith("write "):
             _, name, body = shlex.split(cmd)
@@ -205,7 +211,7 @@ for item in json.loads(sys.stdin.read()):
             target = None
             if ">" in argv:
                 k = argv.index(">")
-                target, argv = argv[k + 1], argv[:k]
+                target, argv = argv[k + 1], argv[:k] + argv[k + 2:]
             if argv[0] == "atlas" and not env:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                     try:
@@ -228,7 +234,9 @@ for item in json.loads(sys.stdin.read()):
                     Path(target).write_text(proc.stdout)
     except Exception:
         code, _ = 1, err.write(traceback.format_exc())
-    results.append({"code": code, "tail": (out.getvalue() + err.getvalue())[-1500:]})
+    cpu = time.process_time() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - c0
+    results.append({"code": code, "tail": (out.getvalue() + err.getvalue())[-1500:],
+                    "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu, 2)})
     print(json.dumps(results[-1]), flush=True)
 '''
 
@@ -291,6 +299,9 @@ def test_doc_commands_run(doc, tmp_path):
             ran = "" if item["cmd"] == item["doc"] else f"\n    run as: {item['cmd']}"
             problems.append(f"{where}: exit {res['code']}: {item['doc']}{ran}\n"
                             + textwrap.indent(res["tail"].strip(), "    | "))
+    for item, res in zip(todo, results):  # shown with -s / on failure: where the time goes
+        print(f"{res['cpu_s']:7.2f} s CPU {res['wall_s']:7.2f} s wall  {doc}:{item['line']}  "
+              f"{item['cmd'][:100]}")
     assert not problems, ("documented commands that fail (fix the doc or the code; or add a "
                           "reviewed entry to NOT_RUN / SUBSTITUTIONS / SETUP in "
                           "tests/test_docs_commands.py):\n" + "\n".join(problems))
