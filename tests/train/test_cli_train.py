@@ -182,8 +182,8 @@ def test_ctrl_c_exits_130_with_a_checkpoint(tmp_path, monkeypatch):
 
     real = trainer.Trainer.train_step
 
-    def step_then_interrupt(self, inputs, targets):
-        stats = real(self, inputs, targets)
+    def step_then_interrupt(self, inputs, targets, *rest):
+        stats = real(self, inputs, targets, *rest)
         if self.step == 2:  # the step being taken is the third
             os.kill(os.getpid(), signal.SIGINT)
         return stats
