@@ -16,7 +16,7 @@ Engines (`wrap`, chosen with ``atlas train --shard``):
   holds 1/N of every parameter, gradient and optimiser state, parameters are all-gathered around
   each block's forward and backward and gradients reduce-scattered. A checkpoint is always the
   full, unsharded model (`full_state`: gathered on every rank, written by rank 0), so it loads in
-  one process; resuming under FSDP shards the loaded state again (`shard_optimizer_state`).
+  one process; a run written under FSDP resumes under DDP (``--shard ddp``).
 
 Launch: `spawn` starts N local processes (``torch.multiprocessing``, start method "spawn") that
 rendezvous over TCP on 127.0.0.1; under ``torchrun`` the environment (``RANK``, ``WORLD_SIZE``,
@@ -115,10 +115,14 @@ def check_shard(mode: str, world: int) -> None:
                          "add --nproc N (N >= 2) or launch it with torchrun --nproc_per_node N")
 
 
-def check_launch(mode: str, context_parallel: int, world: int) -> None:
-    """`check_shard`, and refuse a context-parallel launch these processes cannot run: each
-    sequence is split over all the processes (R = the number of processes), with DDP."""
+def check_launch(mode: str, context_parallel: int, world: int, resume: Any = None) -> None:
+    """`check_shard`, refuse resuming under FSDP (a checkpoint is the full model: resume it with
+    DDP), and refuse a context-parallel launch these processes cannot run: each sequence is split
+    over all the processes (R = the number of processes), with DDP."""
     check_shard(mode, world)
+    if mode == "fsdp" and resume:
+        raise ValueError(f"--shard fsdp does not resume runs; resume {resume} with --shard ddp "
+                         "(its checkpoints hold the full model and optimiser state)")
     if isinstance(context_parallel, bool) or not isinstance(context_parallel, int) or context_parallel < 1:
         raise ValueError(f"--context-parallel {context_parallel!r} must be a whole number >= 1")
     if context_parallel == 1:
@@ -225,23 +229,6 @@ def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: s
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     plain = {name: tensors[name] for name in model.state_dict()} if info.is_main else {}
     return _FullModel(plain), _FullOptimizer(optimizer)
-
-
-def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """After loading a full (checkpoint) optimiser state into an optimiser over FSDP parameters:
-    replace each full state tensor by this rank's shard, laid out as its parameter."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            st = optimizer.state.get(param)
-            if not st or not isinstance(param, DTensor):
-                continue
-            for key, value in list(st.items()):
-                if (isinstance(value, torch.Tensor) and not isinstance(value, DTensor)
-                        and tuple(value.shape) == tuple(param.shape)):
-                    st[key] = distribute_tensor(value.to(param.device), param.device_mesh,
-                                                param.placements)
 
 
 def any_rank(flag: bool, info: DistInfo, device: str) -> bool:

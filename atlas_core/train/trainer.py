@@ -65,7 +65,7 @@ from .checkpoint import (LOCK_FILE, claim_run_dir, latest_checkpoint, recover_ch
                          write_text_atomic)
 from .distributed import (
     SINGLE, DistInfo, all_reduce_sum, any_rank, full_state, full_value, shard,
-    shard_optimizer_state, wrap,
+    wrap,
 )
 from .evaluate import build_task, evaluate, held_out, task_meta, task_table
 from .metrics import (
@@ -213,7 +213,7 @@ class Trainer:
     def _engine(self, ckpt) -> None:
         """With N processes, the engine around the model (`distributed.wrap`: DDP or FSDP2).
         FSDP replaces the parameters by their shards, so the optimiser is built again over them
-        (and a resumed optimiser state is loaded again, then sharded)."""
+        (FSDP starts runs only: `distributed.check_launch`)."""
         if not self.dist.active:
             return
         if self.cp > 1:  # atlas_core.distributed.lm: memory layers run across the ranks
@@ -226,10 +226,6 @@ class Trainer:
         if self.shard == "fsdp":
             self.params = [q for _, q in named_unique_parameters(self.model)]
             self.optimizer = build_optimizer(self.model, self.p)
-            if ckpt is not None:
-                tensors, rest = ckpt.optimizer_state()
-                load_optimizer_tensors(self.model, self.optimizer, tensors, rest)
-                shard_optimizer_state(self.optimizer)
 
     def _part(self, rows: torch.Tensor) -> torch.Tensor:
         """This rank's part of a global batch: its rows, or its time slice (context parallel)."""
@@ -616,7 +612,7 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
         # Every rank checks the inputs before the rendezvous (init returns only when all ranks
         # have joined, so no rank can see a directory that rank 0 already started writing);
         # then all ranks take rank 0's choice of run directory.
-        distributed.check_launch(opts.shard, opts.context_parallel, env.world)
+        distributed.check_launch(opts.shard, opts.context_parallel, env.world, opts.resume)
         plan = make_plan(opts, world=env.world // opts.context_parallel)
         distributed.check_context_model(plan, opts.context_parallel)
         if note and env.is_main:
@@ -640,7 +636,7 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
         raise ValueError(f"--nproc {nproc} must be >= 1")
     if opts.context_parallel > 1 and nproc == 1:  # one process per slice of each sequence
         nproc = opts.context_parallel
-    distributed.check_launch(opts.shard, opts.context_parallel, nproc)
+    distributed.check_launch(opts.shard, opts.context_parallel, nproc, opts.resume)
     plan = make_plan(opts, world=nproc // opts.context_parallel)  # every input error surfaces here
     distributed.check_context_model(plan, opts.context_parallel)
     if note:

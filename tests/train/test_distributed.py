@@ -2,8 +2,9 @@
 
 - DDP: 20 steps with the global batch split over 2 processes end at the parameters of 20 steps in
   one process (float32, to 1e-6), with the same loss trajectory;
-- FSDP2 (``shard="fsdp"``): the same run, sharded; its checkpoint (gathered on rank 0) loads in a
-  single process, and greedy decoding there gives the tokens the sharded model gave.
+- FSDP2 (``shard="fsdp"``): the same run, sharded, ends at the same parameters; its checkpoint
+  (gathered on rank 0) loads in a single process, and greedy decoding there gives the tokens the
+  sharded model gave. FSDP starts runs; resuming one under FSDP is refused (resume with DDP).
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ def test_fsdp_needs_several_processes(tmp_path, tiny_spec):
     with pytest.raises(ValueError, match=r"--shard 'zero' is not an engine; use one of ddp, fsdp"):
         train(TrainOptions(spec=tiny_spec, out=str(tmp_path / "r"), progress=False,
                            shard="zero"), nproc=2)
+    with pytest.raises(ValueError, match=r"--shard fsdp does not resume runs; resume .* with "
+                                         r"--shard ddp"):
+        train(TrainOptions(spec=tiny_spec, resume=str(tmp_path / "r"), progress=False,
+                           shard="fsdp"), nproc=2)
     assert not (tmp_path / "r").exists()
 
 
