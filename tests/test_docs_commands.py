@@ -64,6 +64,11 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"--batches \d+", "--batches 1", "one evaluation batch"),
     (r"--vocab-size \d+", "--vocab-size 300", "a tokenizer the small generated corpus can fill"),
     (r"runs/shakespeare", "runs/text-char", "the text run the docs build is examples/text_char.toml"),
+    (r"fuzz_specs\.py --count \d+", "fuzz_specs.py --count 12", "a dozen mutated specs "
+     "(tests/hostile/test_spec_fuzz.py runs 80)"),
+    (r"--cli \d+", "--cli 1", "one fuzzed file through the real commands"),
+    (r"kill_train\.py --kills \d+", "kill_train.py --kills 1 --every 2",
+     "one killed run (tests/hostile/test_train_kill.py runs four)"),
 ]
 
 _TINY_CORPUS = (
