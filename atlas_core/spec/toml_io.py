@@ -1,7 +1,9 @@
 """Reading and writing spec TOML.
 
 Reading uses the standard library's ``tomllib``; a syntax error becomes a `SpecFileError` that
-names the file, the line and the column. Writing uses ``tomli_w``: top-level scalars first, then
+names the file, the line and the column. Tables and arrays nested deeper than `MAX_NESTING` (64)
+and NUL characters are refused before parsing, and any other parser failure is a `SpecFileError`
+too (never a traceback). Writing uses ``tomli_w``: top-level scalars first, then
 one ``[table]`` per mapping (nested mappings become ``[a.b]`` sub-tables). ``None`` has no TOML
 spelling: a key whose value is None is left out, and resolution fills that default again, so
 ``load_spec(spec.to_toml()) == spec`` still holds; a None inside a list cannot be left out and is
