@@ -41,6 +41,10 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"^torchrun\b", "a multi-process launch; tests/train/test_distributed.py covers "
      "data-parallel training"),
     (r"--nproc [2-9]", "spawns processes; tests/train/test_distributed.py covers --nproc"),
+    (r"--context-parallel [2-9]", "spawns processes; the context-parallel tests in tests/ "
+     "compare it with one process"),
+    (r"scripts/(fuzz_specs|kill_train)\.py", "a robustness campaign of many minutes (its "
+     "figures are in docs/hardening.md)"),
     (r"benchmarks/compare_mqar\.py", "a benchmark of minutes to hours; atlas compare is tested "
      "in tests/train/test_compare.py"),
     (r"benchmarks/bench_strategies\.py", "the benchmark sweep (writes docs/img); "
@@ -63,6 +67,8 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"--max-new-tokens \d+", "--max-new-tokens 4", "a few generated tokens"),
     (r"--batches \d+", "--batches 1", "one evaluation batch"),
     (r"--vocab-size \d+", "--vocab-size 300", "a tokenizer the small generated corpus can fill"),
+    (r"(?<![\w/.-])spec\.toml\b", "examples/mqar_default.toml", "`spec.toml` stands for "
+     "the reader's own spec"),
     (r"runs/shakespeare", "runs/text-char", "the text run the docs build is examples/text_char.toml"),
     (r"fuzz_specs\.py --count \d+", "fuzz_specs.py --count 12", "a dozen mutated specs "
      "(tests/hostile/test_spec_fuzz.py runs 80)"),
