@@ -58,6 +58,8 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"--steps \d+", "--steps 2", "two optimizer steps show that a training command runs"),
     (r"^(atlas train\b(?!.*--steps).*)$", r"\1 --steps 2", "the same, where no --steps is given"),
     (r"--lengths [\d,]+", "--lengths 16", "one short sequence length per benchmark"),
+    (r"^(atlas bench\b(?!.*--lengths).*)$", r"\1 --lengths 16", "the same, where no "
+     "--lengths is given"),
     (r"^(atlas bench\b(?!.*--rules).*)$", r"\1 --rules delta", "one rule where the command "
      "names none (all seven at once is tests/bench's and the full sweep's job)"),
     (r"^(atlas bench\b.*)$", r"\1 --batch 1 --heads 1 --dim 4 --chunk 8 --exact-chunks 8 "
