@@ -76,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     for c in data["checks"]:
         print(f"check [{c['case']}] {c['subject']}: {c['status']} {c['detail']}")
     print()
-    for t in data["targets"]:
-        mark = {True: "MET", False: "NOT MET", None: "n/a"}[t["ok"]]
-        print(f"{mark:8} {t['target']}: {t['measured']}")
+    measured = [t for t in data["targets"] if t["ok"] is not None]
+    for t in measured:
+        print(f"{'MET' if t['ok'] else 'NOT MET':8} {t['target']}: {t['measured']}")
+    if len(measured) < len(data["targets"]):
+        print(f"{len(data['targets']) - len(measured)} of {len(data['targets'])} targets not "
+              "evaluated: their rules or lengths were not in this run (see docs/benchmarks.md)")
     for p in problems:
         print(f"baseline not loaded: {p}")
     m = data["machine"]
