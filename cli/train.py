@@ -62,7 +62,7 @@ def train(
     resume: Annotated[Optional[str], typer.Option("--resume", help="continue from a checkpoint or run directory")] = None,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="data-parallel processes (gloo on CPU, NCCL on CUDA)")] = 1,
     context_parallel: Annotated[int, typer.Option("--context-parallel", min=1, help="split each sequence along time over R processes (memory layers pass their state between them; --nproc defaults to R)")] = 1,
-    shard: Annotated[Shard, typer.Option("--shard", help="data-parallel engine with N processes: ddp (a whole model per process) or fsdp (each process holds 1/N of the parameters and optimiser state; checkpoints stay whole)")] = Shard.ddp,
+    shard: Annotated[Shard, typer.Option("--shard", help="data-parallel engine with N processes: ddp (a whole model per process) or fsdp (each process holds 1/N of the parameters and optimiser state; checkpoints stay whole; resume such a run with ddp)")] = Shard.ddp,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="show the progress bar on stderr")] = True,
     fmt: FormatOption = None,
 ) -> None:
