@@ -397,7 +397,10 @@ def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return type(rule).forward(rule, q, k, v, gates=gates or None, state=state, strategy=strategy)
     chosen = mode_for(rule, mode)
     if state is None:
-        if not getattr(rule.structure, "bound", True):
+        if not hasattr(rule, "init_state") or not hasattr(rule, "structure"):
+            raise ValueError("context_parallel builds the initial state of knob-composed rules "
+                             "only; pass state= (the rule's state before the first token)")
+        if not rule.structure.bound:
             rule.bind(q.shape[2], q.shape[3], v.shape[3])
         cdtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         state = rule.init_state(q.shape[0], dtype=cdtype, device=q.device)
