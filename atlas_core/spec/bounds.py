@@ -32,8 +32,9 @@ class (`atlas_core.host.registry.Params`) already refuses field by field.
 `estimate_params` and `check_model_size` are the parameter-count preflight: the count of the
 model a spec describes, extrapolated from builds of one and two blocks on the meta device, and a
 `SpecError` when it exceeds `MAX_PARAMS` (10**10 parameters, 40 GB in float32). The spec
-resolver checks a closed-form estimate of the blocks (`lm_estimate`) so that ``model.depth =
-10**9`` is refused when the spec is read; ``atlas build`` and ``atlas spec validate`` run the
+resolver checks a closed-form estimate (`lm_estimate`: the embedding, the MLPs and the memory
+layers' projections, with ``[layer]``'s head sizes) so that ``model.depth = 10**9`` is refused
+when the spec is read; ``atlas build`` and ``atlas spec validate`` run the
 full preflight before they instantiate anything.
 """
 
