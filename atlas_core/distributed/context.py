@@ -64,12 +64,6 @@ ANCHOR_POS = "anchor.pos"
 CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
 MODES = ("auto", "affine", "relay")
 
-_AFFINE_STRUCTURES = ("core:linear",)
-_AFFINE_ALGORITHMS = ("core:gd", "core:momentum")
-_AFFINE_RETENTIONS = ("core:none", "core:decay")
-_AFFINE_BIASES = ("core:l2",)
-_WINDOW_BIASES = ("omega:window",)
-
 
 def _name(value: Any) -> str | None:
     if isinstance(value, str):
@@ -81,23 +75,20 @@ def _name(value: Any) -> str | None:
 
 def affine_reason(rule) -> str | None:
     """None when ``rule``'s memory update is affine in its memory (the ``affine`` mode is exact),
-    else why not (the knob that makes it non-affine)."""
-    spec = getattr(rule, "spec", None)
-    if not isinstance(spec, Mapping) or not hasattr(rule, "structure"):
+    else why not (the knob that makes it non-affine). Decided from the knobs' declared traits:
+    a linear structure, an algorithm with a linear closed form (gd or momentum), a linear
+    retention and a bias whose error is the l2 one (alone or inside a window)."""
+    if not rule.composed:
         return "a standalone rule (not composed from knobs)"
-    structure, algorithm = _name(spec.get("structure")), _name(spec.get("algorithm"))
-    retention, bias = _name(spec.get("retention")), spec.get("bias")
-    if structure not in _AFFINE_STRUCTURES:
-        return f"structure {structure!r} (a deep memory is not affine in its weights)"
-    if algorithm not in _AFFINE_ALGORITHMS:
-        return f"algorithm {algorithm!r}"
-    if retention not in _AFFINE_RETENTIONS:
-        return f"retention {retention!r}"
-    name = _name(bias)
-    if name in _WINDOW_BIASES:
-        name = _name(bias.get("inner", "core:l2")) if isinstance(bias, Mapping) else "core:l2"
-    if name not in _AFFINE_BIASES:
-        return f"bias {_name(bias)!r}"
+    spec = rule.spec
+    if not rule.structure.is_linear:
+        return f"structure {_name(spec.get('structure'))!r} (a deep memory is not affine in its weights)"
+    if rule.algorithm.linear_form not in ("gd", "momentum"):
+        return f"algorithm {_name(spec.get('algorithm'))!r}"
+    if not rule.retention.linear:
+        return f"retention {_name(spec.get('retention'))!r}"
+    if rule.bias.error_kind != "l2":
+        return f"bias {_name(spec.get('bias'))!r}"
     return None
 
 
@@ -187,7 +178,7 @@ def _carried_inputs(call: _Call, s0, q, k, v, gates, lengths: list[int]) -> dict
     """Rank r's carried inputs: the window of rank r - 1's last inputs and the anchor position."""
     rule, r = call.rule, call.rank
     out: dict[str, torch.Tensor] = {}
-    c = getattr(rule, "window", 1)
+    c = rule.window if rule.composed else 1
     if c > 1:
         short = [i for i, n in enumerate(lengths[:-1]) if n < c - 1]
         if short:
@@ -397,7 +388,7 @@ def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return type(rule).forward(rule, q, k, v, gates=gates or None, state=state, strategy=strategy)
     chosen = mode_for(rule, mode)
     if state is None:
-        if not hasattr(rule, "init_state") or not hasattr(rule, "structure"):
+        if not rule.composed:
             raise ValueError("context_parallel builds the initial state of knob-composed rules "
                              "only; pass state= (the rule's state before the first token)")
         if not rule.structure.bound:

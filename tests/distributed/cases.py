@@ -12,6 +12,8 @@ CASES = {
     "titans_anchor4": {"use": "titans:titans", "anchor": 4},
     "delta": {"structure": "core:linear", "bias": "core:l2", "algorithm": "core:gd"},
     "omeganet": {"use": "omega:omeganet"},
+    # the gradient at the decayed memory (affine too, chosen from the knobs' declared traits)
+    "gated_deltanet": {"use": "zoo:gated_deltanet"},
     "titans_deep_anchor4": {"use": "titans:titans_deep", "anchor": 4},
 }
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import atlas_core as ac
+
 from atlas_core.distributed import affine_reason, mode_for
 from atlas_core.train.distributed import spawn
 
@@ -55,6 +57,9 @@ def test_modes_follow_the_rule():
     assert mode_for(cases.build("titans")) == "affine"
     assert mode_for(cases.build("omeganet")) == "affine"
     assert mode_for(cases.build("delta")) == "affine"
+    assert mode_for(cases.build("gated_deltanet")) == "affine"
+    gla = ac.build_rule({"use": "zoo:gla"})
+    assert mode_for(gla) == "relay" and "core:dot" in affine_reason(gla)
     deep = cases.build("titans_deep_anchor4")
     assert mode_for(deep) == "relay"
     assert "titans:mlp" in affine_reason(deep)
