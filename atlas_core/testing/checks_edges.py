@@ -67,7 +67,7 @@ def _input_dtype(args: tuple, kwargs: dict):
 def _knob_label(subject, rule, slot: str) -> str:
     if subject.kind == slot:
         return subject.name
-    raw = getattr(rule, "spec", {}).get(slot)
+    raw = rule.spec.get(slot)
     if isinstance(raw, dict):
         raw = raw.get("use")
     return f"the {slot} {raw}" if isinstance(raw, str) else f"the {slot}"

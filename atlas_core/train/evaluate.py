@@ -108,7 +108,7 @@ def without_file_params(name: str, params: Mapping[str, Any], registry=None,
 def held_out(task: Task) -> Task:
     """The task to evaluate a trained model on: a text task's ``val`` split when it has one."""
     p = task.params
-    if getattr(task, "name", "") == "text" and p.split == "train" and p.val_fraction > 0:
+    if task.name == "text" and p.split == "train" and p.val_fraction > 0:
         try:
             return task.derive(split="val")
         except ValueError:  # the held-out part is shorter than a window: evaluate on train
@@ -124,7 +124,7 @@ def task_meta(task: Task, table: Mapping[str, Any]) -> dict[str, Any]:
         "vocab_size": task.vocab_size,
         "seq_len": task.seq_len,
     }
-    if getattr(task, "name", "") == "text":
+    if task.name == "text":
         if task.params.mode == "bpe":  # the whole tokenizer: decoding needs no file
             meta["text"] = {"mode": "bpe", "tokenizer": task.tokenizer.to_str()}
         else:

@@ -115,13 +115,13 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
         table = {"use": name, **raw}
     built = held_out(build_task(table, vocab, seq_len, path="--task"))
     codec = _codec(ckpt)
-    if getattr(built, "name", "") == "text" and built.params.mode == "char":
+    if built.name == "text" and built.params.mode == "char":
         if codec is None or codec.vocab != tuple(built.vocab):
             raise SpecError([Issue(
                 "--task", "this char-level text has another character vocabulary than the "
                 "checkpoint's training text, so its ids would mean other characters", built.params.path,
                 "evaluate on the training file, or train in byte mode")])
-    if getattr(built, "name", "") == "text" and built.params.mode == "bpe":
+    if built.name == "text" and built.params.mode == "bpe":
         if codec is None or codec.tokenizer_json != built.tokenizer.to_str():
             raise SpecError([Issue(
                 "--task", "this tokenizer is not the one the checkpoint was trained with, so its "

@@ -176,7 +176,7 @@ class Trainer:
         model_vocab = int(spec.model.get("vocab_size", 0))
         self.task_table = task_table(p.task, model_vocab, p.seq_len)
         self.task = self.plan.task or build_task(p.task, model_vocab, p.seq_len)
-        if p.pack and (not hasattr(self.task, "packed_batch") or self.cp > 1):
+        if p.pack and (not self.task.packs_documents or self.cp > 1):
             from ..errors import Issue, SpecError
 
             why = (f"task {self.task.name!r} has no documents to pack (the text task has)"

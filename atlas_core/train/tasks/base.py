@@ -44,6 +44,8 @@ class Task(ABC):
     name: ClassVar[str] = ""
     #: the pydantic params model (subclass of `atlas_core.host.registry.Params`)
     Params: ClassVar[type[Params]]
+    #: rows hold documents that `packed_batch` can mark (``[train] pack = true``)
+    packs_documents: ClassVar[bool] = False
 
     def __init__(self, params: Params | Mapping[str, Any] | None = None, ctx: Any = None):
         self.params = self.parse_params(params)
@@ -77,6 +79,11 @@ class Task(ABC):
                     msg = err["msg"].removeprefix("Value error, ")
                     issues.append(Issue(where, msg, err.get("input")))
             raise SpecError(issues) from None
+
+    def packed_batch(self, batch_size: int, generator: torch.Generator | None = None):
+        """A batch whose rows hold documents, with where each document starts (tasks that
+        declare `packs_documents`)."""
+        raise NotImplementedError(f"task {self.name!r} has no documents to pack")
 
     def derive(self, **overrides: Any) -> "Task":
         """The same task with some params changed (validated again), e.g. ``seq_len``."""

@@ -100,6 +100,7 @@ class TextTask(Task):
 
     name = "text"
     Params = TextParams
+    packs_documents = True
 
     def __init__(self, params=None, ctx=None):
         super().__init__(params, ctx)
