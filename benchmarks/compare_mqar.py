@@ -26,7 +26,10 @@ ORDER = ["delta", "delta_exact", "hebbian", "titans", "titans_tuned", "titans_tu
          "titans_half_exact",
          # suite "zoo": the field's published rules (plugins/zoo)
          "linear_attention", "retnet", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda",
-         "longhorn", "gated_delta_product", "rwkv7"]
+         "longhorn", "gated_delta_product", "rwkv7",
+         # the decaying zoo rules with their retain gate started at sigmoid(5) = 0.993
+         "simple_gla_alpha5", "gla_alpha5", "gated_deltanet_alpha5", "kda_alpha5",
+         "gated_delta_product_alpha5", "rwkv7_w5"]
 
 
 def main(argv: list[str] | None = None) -> int:
