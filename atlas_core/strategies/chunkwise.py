@@ -44,6 +44,7 @@ from ..spec.bounds import size_field
 
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
+from . import dot_chunk
 from .base import Strategy
 from .decay import decay_matrix, safe_log
 
@@ -305,6 +306,9 @@ class Chunkwise(Strategy):
             from .key_decay_chunk import run_key_decay
 
             return run_key_decay(rule, p, C)
+        if dot_chunk.applies(rule, p):  # the memory never enters: every chunk at once
+            y, W = dot_chunk.run_dot(rule, p, C)
+            return y, rule._final_state(W, {}, *rule._extended(p))
         W = {k: p.state[k] for k in S.weight_shapes()}
         opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
         xk, xv, xg = rule._extended(p)
