@@ -63,9 +63,13 @@ def run_dot(rule, p, C: int):
     # error(., v) = -v for the dot bias: the two signs cancel
     err, sign = (p.v, wt) if rule.bias.error_kind == "dot" else (rule.bias.error(p.v, p.v), -wt)
     u = chunks(err) * chunks(sign).unsqueeze(-1)  # [B, H, N, C, Dv]
-    alpha = chunks(p.alpha, 1.0)  # [B, H, N, C]
-    L = _decays(alpha)  # [B, H, N, C, C], L[t, j] = A_t / A_j for j <= t
-    A = torch.cumprod(alpha, dim=-1)  # [B, H, N, C]
+    if not rule.retention.gates and not rule.retention.fixed_alpha:  # alpha = 1: no decay
+        L = torch.ones(C, C, dtype=u.dtype, device=u.device).tril()
+        A = torch.ones(C, dtype=u.dtype, device=u.device).expand(B, H, N, C)
+    else:
+        alpha = chunks(p.alpha, 1.0)  # [B, H, N, C]
+        L = _decays(alpha)  # [B, H, N, C, C], L[t, j] = A_t / A_j for j <= t
+        A = torch.cumprod(alpha, dim=-1)  # [B, H, N, C]
     if rule.read == "before":  # y_t reads M_{t-1}: the rows of t - 1, the start scaled by A_{t-1}
         Lr = torch.cat([torch.zeros_like(L[..., :1, :]), L[..., :-1, :]], dim=-2)
         Ar = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], dim=-1)
