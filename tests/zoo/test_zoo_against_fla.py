@@ -17,8 +17,8 @@ import torch
 import atlas_core as ac
 
 from ..fla_refs import fla_reference
+from .strategies import every_strategy
 from atlas_core.errors import StrategyError
-from atlas_core.host.manager import get_registry
 
 B, T, H, D = 2, 40, 3, 8
 TOL = 2e-5
@@ -34,14 +34,7 @@ def _inputs(seed=0):
     return q, k, v, alpha, beta
 
 
-def _strategies():
-    out = ["core:sequential"]
-    for comp in sorted(get_registry().all("strategy"), key=lambda c: c.name):
-        if comp.name == "core:sequential":
-            continue
-        fields = getattr(comp.load_params(), "model_fields", {}) or {}
-        out += [{"use": comp.name, "chunk_size": C} for C in (1, 5, 16)] if "chunk_size" in fields else [comp.name]
-    return out
+_strategies = every_strategy
 
 
 def _ours(preset, gates, q, k, v):

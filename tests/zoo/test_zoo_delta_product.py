@@ -14,22 +14,15 @@ import torch
 
 import atlas_core as ac
 from atlas_core.errors import SpecError, StrategyError
-from atlas_core.host.manager import get_registry
 
 from ..fla_refs import fla_reference
+from .strategies import every_strategy
 
 B, T, H, D = 2, 24, 2, 6
 TOL = 2e-5
 
 
-def _strategies():
-    out = ["core:sequential"]
-    for comp in sorted(get_registry().all("strategy"), key=lambda c: c.name):
-        if comp.name == "core:sequential":
-            continue
-        fields = getattr(comp.load_params(), "model_fields", {}) or {}
-        out += [{"use": comp.name, "chunk_size": C} for C in (1, 5, 16)] if "chunk_size" in fields else [comp.name]
-    return out
+_strategies = every_strategy
 
 
 def _inputs(n, seed=0, dtype=torch.float32):

@@ -18,18 +18,13 @@ from atlas_core.host.manager import get_registry
 from atlas_core.knobs.gates import Gate
 from atlas_core.rule import ComposedRule
 
+from .strategies import every_strategy
+
 B, T, H, D = 2, 30, 2, 5
 TOL = 1e-10
 
 
-def _strategies():
-    out = ["core:sequential"]
-    for comp in sorted(get_registry().all("strategy"), key=lambda c: c.name):
-        if comp.name == "core:sequential":
-            continue
-        fields = getattr(comp.load_params(), "model_fields", {}) or {}
-        out += [{"use": comp.name, "chunk_size": C} for C in (1, 5, 16)] if "chunk_size" in fields else [comp.name]
-    return out
+_strategies = every_strategy
 
 
 def _inputs(seed=0):

@@ -16,9 +16,9 @@ import torch
 
 import atlas_core as ac
 from atlas_core.errors import SpecError, StrategyError
-from atlas_core.host.manager import get_registry
 
 from ..fla_refs import fla_reference
+from .strategies import every_strategy
 
 B, T, H, D = 2, 32, 2, 8
 TOL = 1e-5
@@ -44,14 +44,7 @@ def _fla(q, k, v, gates, S0=None):
     return y.transpose(1, 2), S
 
 
-def _strategies():
-    out = ["core:sequential"]
-    for comp in sorted(get_registry().all("strategy"), key=lambda c: c.name):
-        if comp.name == "core:sequential":
-            continue
-        fields = getattr(comp.load_params(), "model_fields", {}) or {}
-        out += [{"use": comp.name, "chunk_size": C} for C in (1, 5, 16)] if "chunk_size" in fields else [comp.name]
-    return out
+_strategies = every_strategy
 
 
 def test_rwkv7_equals_fla_dplr_reference():
