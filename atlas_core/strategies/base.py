@@ -30,6 +30,11 @@ class Strategy:
     uses_backends: bool = False
     #: the bound backends (`bind`): None until bound, False for a strategy without backends
     _backends: Any = None
+    #: the kernel backend the user asked for by name (a strategy that `uses_backends` and takes a
+    #: ``backend`` param returns it; None lets the backends' priorities choose)
+    @property
+    def requested_backend(self) -> str | None:
+        return None
 
     def supports(self, rule) -> tuple[bool, str]:
         return True, ""
@@ -40,8 +45,7 @@ class Strategy:
         if self.uses_backends:
             from ..backends import bind_backends
 
-            requested = getattr(getattr(self, "params", None), "backend", None)
-            self._backends = bind_backends(self.name, requested, registry)
+            self._backends = bind_backends(self.name, self.requested_backend, registry)
         else:
             self._backends = False  # bound: nothing to look up
         return self

@@ -202,6 +202,10 @@ class Chunkwise(Strategy):
         self.params = params or ChunkwiseParams()
         self.chunk_size = self.params.chunk_size
 
+    @property
+    def requested_backend(self) -> str | None:
+        return self.params.backend
+
     def describe(self) -> str:
         return f"{self.name}(chunk_size={self.chunk_size if self.chunk_size else 'auto'})"
 
