@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import atlas_core as ac
+from atlas_core.errors import StrategyError
 
 from ..fla_refs import fla_reference
 from .strategies import every_strategy
-from atlas_core.errors import StrategyError
 
 B, T, H, D = 2, 40, 3, 8
 TOL = 2e-5
