@@ -1,5 +1,5 @@
-"""The zoo's example specs for Longhorn, RWKV-7 and Gated DeltaProduct validate and train a few
-steps in a ``core:lm`` model; the trained model reloads with the rule it was trained with (the
+"""Every zoo preset has an example spec in a ``core:lm`` model that validates and trains a few
+steps; the trained model reloads with the rule it was trained with (the
 resolved spec keeps ``steps_per_token``)."""
 
 from __future__ import annotations
@@ -15,8 +15,15 @@ import atlas_core as ac
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.mark.parametrize("name,preset", [("longhorn", "zoo:longhorn"), ("rwkv7", "zoo:rwkv7"),
-                                         ("gated_delta_product", "zoo:gated_delta_product")])
+ZOO = ("linear_attention", "retnet", "simple_gla", "gla", "deltanet", "gated_deltanet", "kda",
+       "longhorn", "rwkv7", "gated_delta_product")
+
+
+def test_every_preset_has_an_example():
+    assert {p.stem for p in EXAMPLES.glob("zoo_*.toml")} == {f"zoo_{n}" for n in ZOO}
+
+
+@pytest.mark.parametrize("name,preset", [(n, f"zoo:{n}") for n in ZOO])
 def test_example_trains_a_few_steps(name, preset, tmp_path):
     path = EXAMPLES / f"zoo_{name}.toml"
     run = ac.train(path, out=tmp_path / "run", steps=3, batch_size=4, seq_len=24,
