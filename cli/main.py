@@ -40,6 +40,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "atlas_cli.evaluate",  # atlas eval CKPT
     "atlas_cli.generate",  # atlas generate CKPT
     "atlas_cli.tokenizer",  # atlas tokenizer train|export
+    "atlas_cli.examples",  # atlas examples list|copy
     "atlas_cli.export_hf",  # atlas export-hf CKPT OUT_DIR (Hugging Face)
     "atlas_cli.compare",  # atlas compare SPEC...
     "atlas_cli.check",  # atlas check NAME... (the conformance kit)

@@ -23,5 +23,7 @@ print("wheel: imports from", atlas_core.__file__)
 PY
 "$WORK/venv/bin/atlas" plugins list
 "$WORK/venv/bin/atlas" train --steps 20 --out "$WORK/run" --no-progress
+"$WORK/venv/bin/atlas" examples copy "$WORK/examples" --name titans_lmm --name zoo_gla
+"$WORK/venv/bin/atlas" spec validate "$WORK/examples/titans_lmm.toml"
 test -f "$WORK/run/spec.toml"
 echo "wheel: OK (built, installed in a fresh venv, trained 20 steps from $WORK)" >&2

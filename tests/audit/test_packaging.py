@@ -25,7 +25,7 @@ def wheel(tmp_path_factory):
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for name in ("atlas_core", "plugins", "cli"):
+    for name in ("atlas_core", "plugins", "cli", "examples"):
         shutil.copytree(REPO / name, src / name, ignore=ignore)
     out = tmp_path_factory.mktemp("wheel")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -51,6 +51,9 @@ def test_only_namespaced_top_level_packages(wheel):
     for folder in PLUGIN_FOLDERS:
         assert f"atlas_plugins/{folder}/plugin.py" in names, folder
     assert "atlas_cli/main.py" in names and "atlas_core/rule.py" in names
+    # the example specs travel as atlas_core.examples (`atlas examples`)
+    shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("atlas_core/examples/")}
+    assert shipped == {p.name for p in (REPO / "examples").glob("*.toml")}
 
 
 def test_entry_points_name_every_bundled_plugin_and_the_command(wheel):

@@ -236,7 +236,8 @@ def test_plugin_sub_app_is_mounted(host):
 COMMANDS = [
     ["plugins", "list"], ["plugins", "doctor"], ["components", "list"], ["components", "show"],
     ["spec", "validate"], ["spec", "show"], ["build"], ["env"], ["check"], ["plugins", "new"],
-    ["export-hf"], ["tokenizer", "train"], ["tokenizer", "export"],
+    ["export-hf"], ["tokenizer", "train"], ["tokenizer", "export"], ["examples", "list"],
+    ["examples", "copy"],
 ]
 
 
