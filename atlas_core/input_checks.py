@@ -29,6 +29,7 @@ ENV = "ATLAS_CHECK_INPUTS"
 _OFF = ("", "0", "false", "no", "off")
 # the axes of a call tensor ([B, T, H, ...]) and of a state tensor ([B, H, ...] for a composed rule)
 CALL_AXES = ("batch", "time", "head")
+STEP_AXES = ("batch", "time", "step", "head")  # k, v and step gates of a rule with sub-steps
 STATE_AXES = ("batch", "head")
 
 
@@ -99,7 +100,7 @@ def _check_finite(name: str, x: torch.Tensor, axes: tuple[str, ...]) -> None:
             f"{_position(idx, axes)}; every input, gate and state value must be finite")
 
 
-def _check_range(name: str, x: torch.Tensor, gate: Any) -> None:
+def _check_range(name: str, x: torch.Tensor, gate: Any, axes: tuple[str, ...] = CALL_AXES) -> None:
     lo, hi = gate.range
     d = x.detach()
     bad = torch.zeros_like(d, dtype=torch.bool)
@@ -111,7 +112,7 @@ def _check_range(name: str, x: torch.Tensor, gate: Any) -> None:
         idx = _first(bad)
         summary = f" ({gate.summary})" if gate.summary else ""
         raise InputCheckError(
-            f"{name} = {float(d[idx]):g} at {_position(idx, CALL_AXES)} is outside its range "
+            f"{name} = {float(d[idx]):g} at {_position(idx, axes)} is outside its range "
             f"{gate.range_text()}{summary}; {int(bad.sum())} value(s) are outside it")
 
 
@@ -121,6 +122,14 @@ def _arguments(rule: Any, args: tuple, kwargs: dict) -> dict[str, Any] | None:
     except TypeError:
         return None  # `prepare` itself reports a call it cannot take
     return dict(bound.arguments)
+
+
+def _axes(rule: Any, key: str, sub: str | None = None) -> tuple[str, ...]:
+    """The named axes of a call tensor: a rule with sub-steps (``steps_per_token > 1``) gives
+    k, v and its step gates a step axis after time."""
+    if rule.steps_per_token > 1 and (key in ("k", "v") or (key == "gates" and sub in rule.step_gates)):
+        return STEP_AXES
+    return CALL_AXES
 
 
 def check_values(rule: Any, args: tuple, kwargs: dict) -> None:
@@ -133,7 +142,7 @@ def check_values(rule: Any, args: tuple, kwargs: dict) -> None:
     composed = rule.composed
     for key, value in arguments.items():
         if isinstance(value, torch.Tensor):
-            _check_finite(key, value, CALL_AXES)
+            _check_finite(key, value, _axes(rule, key))
         elif isinstance(value, Mapping):
             for sub, x in value.items():
                 if not isinstance(x, torch.Tensor):
@@ -143,8 +152,9 @@ def check_values(rule: Any, args: tuple, kwargs: dict) -> None:
                     axes = STATE_AXES if composed and x.dim() > 1 else ("batch",)
                     _check_finite(label, x, axes)
                     continue
-                _check_finite(label, x, CALL_AXES)
+                axes = _axes(rule, key, sub)
+                _check_finite(label, x, axes)
                 gate = declared.get(sub) if key == "gates" else None
                 if gate is not None and gate.range is not None and x.is_floating_point() \
                         and x.device.type != "meta":
-                    _check_range(label, x, gate)
+                    _check_range(label, x, gate, axes)

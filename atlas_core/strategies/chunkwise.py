@@ -226,6 +226,12 @@ class Chunkwise(Strategy):
     def supports(self, rule) -> tuple[bool, str]:
         if not rule.composed:
             return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
+        if rule.retention.per_token_transition:
+            return False, (
+                f"retention {rule.spec.get('retention')!r} multiplies the memory by a per-token "
+                "matrix (a transition such as RWKV-7's diagonal-plus-low-rank one), which has no "
+                "chunked form here; core:sequential runs it"
+            )
         if not rule.retention.linear:
             return False, (
                 f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "

@@ -181,6 +181,11 @@ class ExactChunk(Strategy):
                     "per-key-decay form (and the dot bias's) is implemented for core:gd with the l2 "
                     "or dot bias and a one-token window (use core:sequential)"
                 )
+            if ret.per_token_transition:
+                return False, (
+                    f"retention {spec.get('retention')!r} multiplies the memory by a per-token "
+                    "matrix (a transition such as RWKV-7's), which has no exact chunked form "
+                    "here; core:sequential runs it")
             if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
                 return False, f"retention {spec.get('retention')!r} transforms the memory after each step"
             return True, ""
@@ -194,6 +199,12 @@ class ExactChunk(Strategy):
             return False, (
                 f"retention {spec.get('retention')!r} takes the gradient at the decayed memory: "
                 "the exact form is implemented for gd with a one-token window only"
+            )
+        if ret.per_token_transition:
+            return False, (
+                f"retention {spec.get('retention')!r} multiplies the memory by a per-token matrix "
+                "(a transition such as RWKV-7's), which has no exact chunked form here; "
+                "core:sequential runs it"
             )
         if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
             return False, (

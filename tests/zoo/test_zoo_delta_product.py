@@ -137,3 +137,16 @@ def test_memory_layer_makes_n_keys_values_and_thetas_per_token():
     y2, s = layer(x[:, 4:], s)
     torch.testing.assert_close(torch.cat([y1, y2], 1), y, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(s["rule.M"], st["rule.M"], rtol=1e-10, atol=1e-10)
+
+
+def test_input_checks_name_the_step_axis():
+    """`check_inputs=True` places a bad value of a per-step tensor on its step axis."""
+    from atlas_core.input_checks import InputCheckError
+
+    rule = ac.build_rule({"use": "zoo:gated_delta_product"}, heads=2, d_key=4, d_value=4)
+    q = torch.randn(1, 5, 2, 4)
+    k, v = torch.randn(1, 5, 2, 2, 4), torch.randn(1, 5, 2, 2, 4)
+    theta = torch.rand(1, 5, 2, 2)
+    theta[0, 3, 1, 1] = float("nan")
+    with pytest.raises(InputCheckError, match=r"at \(batch 0, time 3, step 1, head 1\)"):
+        rule(q, k, v, gates={"alpha": torch.rand(1, 5, 2), "theta": theta}, check_inputs=True)

@@ -99,3 +99,10 @@ def test_rwkv7_needs_a_matrix_memory_and_the_key_dimension():
         ac.build_rule({"use": "zoo:rwkv7", "structure": "titans:mlp"})
     rule = ac.build_rule("zoo:rwkv7")
     assert {g.name: g.shape for g in rule.gates} == {"theta": "head", "w": "key", "kappa": "key", "iclr": "key"}
+
+
+def test_chunked_strategies_refuse_the_transition_with_its_reason():
+    rule = ac.build_rule({"use": "zoo:rwkv7"})
+    for strategy in ("core:chunkwise", "core:exact_chunk"):
+        with pytest.raises(StrategyError, match="per-token matrix"):
+            rule.runner(strategy)
