@@ -12,12 +12,12 @@ from pathlib import Path
 
 def examples_dir() -> Path:
     """The folder holding the example ``.toml`` specs."""
-    import importlib.resources as resources
+    import importlib
 
-    try:
-        found = Path(str(resources.files("atlas_core.examples")))
-        if any(found.glob("*.toml")):
-            return found
+    try:  # a wheel: the data package atlas_core.examples (a namespace package: no __init__)
+        for folder in importlib.import_module("atlas_core.examples").__path__:
+            if any(Path(folder).glob("*.toml")):
+                return Path(folder)
     except ModuleNotFoundError:  # an editable install maps only the top-level packages
         pass
     checkout = Path(__file__).resolve().parent.parent / "examples"
