@@ -62,11 +62,11 @@ _ZYGOTE = r"""
 import contextlib, io, json, os, signal, sys, time, traceback
 import torch
 torch.set_num_threads(1)
-import cli.main
+import atlas_cli.main
 from atlas_core.train import checkpoint
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     try:
-        cli.main.run(["train", sys.argv[1], "--out", sys.argv[2], "--no-progress"])
+        atlas_cli.main.run(["train", sys.argv[1], "--out", sys.argv[2], "--no-progress"])
     except SystemExit as exc:
         if exc.code:
             raise
@@ -85,7 +85,7 @@ for line in sys.stdin:
         signal.alarm(120)
         code = 0
         try:
-            cli.main.run(job["args"])
+            atlas_cli.main.run(job["args"])
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
         except BaseException:
