@@ -75,6 +75,9 @@ from torch import nn
 
 from ..errors import AtlasError
 from ..safe_files import FileRefusedError, check_regular_file, read_bounded
+# the run lock lives in run_dir.py; its names stay importable from here
+from .run_dir import (LOCK_FILE, RunLock, _pid_alive, _stale, claim_run_dir,  # noqa: F401
+                      holds_run_lock, write_text_atomic)
 
 FORMAT = "atlas-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -310,33 +313,6 @@ def _recoverable(root: Path, above: int = -1) -> dict[int, Path]:
     return found
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and can still write (a zombie, killed but not yet reaped by
-    its parent, cannot). Unsure means alive: a directory is kept rather than deleted."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: another user's live process
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in (b"Z", b"X")
-
-
-def _stale(name: str, ours: bool) -> bool:
-    """Whether the temporary directory ``name`` (``.step-N.<kind>-<pid>``) belongs to no live
-    writer: its process is this one (which is not writing it now) or is gone, or this process
-    holds the run's lock (no other process can be writing the run)."""
-    pid = int(name.rsplit("-", 1)[1])
-    return ours or pid == os.getpid() or not _pid_alive(pid)
-
-
 def recover_checkpoints(root: str | Path) -> list[Path]:
     """Tidy the ``checkpoints/`` directory ``root`` after a killed save: rename each complete
     temporary copy of a step that has no ``step-*`` directory to that name, then delete every
@@ -363,141 +339,6 @@ def recover_checkpoints(root: str | Path) -> list[Path]:
         if _TEMP_DIR.match(child.name) and _stale(child.name, ours):
             shutil.rmtree(child, ignore_errors=True)
     return adopted
-
-
-# -- the run lock -------------------------------------------------------------------------------
-LOCK_FILE = "run.lock"
-_held: dict[str, "RunLock"] = {}
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``<run dir>/run.lock``, held by the process that trains the run
-    (the file holds its pid, for the message another process gets). The kernel releases it when
-    the process ends, however it ends, so a killed run never leaves a stale lock."""
-
-    def __init__(self, key: str, fh: Any) -> None:
-        self.key, self._fh = key, fh
-
-    @property
-    def held(self) -> bool:
-        return self._fh is not None and not self._fh.closed
-
-    def release(self) -> None:
-        if self.held:
-            self._fh.close()  # closing the file releases the lock
-        if _held.get(self.key) is self:
-            del _held[self.key]
-
-
-def _lock(fh: Any, run_dir: Path) -> None:
-    import fcntl
-
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.seek(0)
-        who = fh.read(32).strip()
-        fh.close()
-        raise CheckpointError(
-            f"{run_dir} is being trained by another process{f' (pid {who})' if who else ''}; "
-            "wait for it to finish, stop it, or train into another directory (--out)"
-        ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"{os.getpid()}\n")
-    fh.flush()
-
-
-def _create_with_spec(run_dir: Path, spec_text: str) -> Any:
-    """Create ``run_dir`` holding its lock file (locked) and ``spec.toml`` in one rename: a run
-    directory never exists without its spec. Returns the locked file, or None when another
-    process created the directory first."""
-    tmp = run_dir.with_name(f".{run_dir.name}.new-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fh = open(tmp / LOCK_FILE, "a+")
-    _lock(fh, run_dir)
-    write_text_atomic(tmp / "spec.toml", spec_text)
-    _fsync_dir(tmp)
-    try:
-        os.rename(tmp, run_dir)  # the open file and its lock move with the directory
-    except OSError:  # created meanwhile by someone else: use it as it is
-        fh.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        return None
-    _fsync_dir(run_dir.parent)
-    return fh
-
-
-def _tidy_new_dirs(run_dir: Path) -> None:
-    """Delete ``.<name>.new-<pid>`` siblings that a process killed while creating ``run_dir``
-    left behind (only those of processes that are gone)."""
-    prefix = f".{run_dir.name}.new-"
-    try:
-        siblings = list(run_dir.parent.iterdir())
-    except OSError:
-        return
-    for child in siblings:
-        pid = child.name[len(prefix):]
-        if child.name.startswith(prefix) and pid.isdigit() and _stale(child.name, False):
-            shutil.rmtree(child, ignore_errors=True)
-
-
-def claim_run_dir(run_dir: str | Path, spec_text: str | None = None) -> RunLock | None:
-    """Create ``run_dir`` (when it does not exist) and take its lock; a `CheckpointError` when
-    another process holds it.
-
-    With ``spec_text``, a new run directory is created with its ``spec.toml`` already inside (one
-    rename), so a run killed at any moment leaves either no directory or one that ``--resume``
-    can start again. The same process may claim a run directory again (a resumed run after an
-    interrupted one, in one interpreter): it gets the lock it holds. None where ``fcntl`` does
-    not exist (Windows): there, recovery falls back to process ids alone."""
-    run_dir = Path(run_dir)
-    try:
-        import fcntl  # noqa: F401
-    except ImportError:  # pragma: no cover - not on POSIX
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return None
-    fh = None
-    if spec_text is not None and not run_dir.exists():
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        _tidy_new_dirs(run_dir)
-        fh = _create_with_spec(run_dir, spec_text)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    key = str(run_dir.resolve())
-    lock = _held.get(key)
-    if lock is not None and lock.held:
-        return lock
-    if fh is None:
-        fh = open(run_dir / LOCK_FILE, "a+")
-        _lock(fh, run_dir)
-    for child in run_dir.glob(".spec.toml.tmp-*"):  # a write killed before its rename
-        if child.name.rsplit("-", 1)[1].isdigit():
-            child.unlink(missing_ok=True)  # the lock is ours: no one else writes this run
-    lock = RunLock(key, fh)
-    _held[key] = lock
-    return lock
-
-
-def holds_run_lock(run_dir: str | Path) -> bool:
-    """Whether this process holds the lock of ``run_dir`` (`claim_run_dir`)."""
-    try:
-        lock = _held.get(str(Path(run_dir).resolve()))
-    except OSError:
-        return False
-    return lock is not None and lock.held
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader (or a killed writer) never leaves it half
-    written: a temporary file in the same directory, fsync-ed, then renamed over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:

@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import AtlasError
-from .checkpoint import (LOCK_FILE, claim_run_dir, latest_checkpoint, recover_checkpoints, save_checkpoint,
-                         write_text_atomic)
+from .checkpoint import latest_checkpoint, recover_checkpoints, save_checkpoint
+from .run_dir import LOCK_FILE, claim_run_dir, write_text_atomic
 from .distributed import (
     SINGLE, DistInfo, all_reduce_sum, any_rank, full_state, full_value, shard,
     wrap,
