@@ -16,3 +16,16 @@ def every_strategy(chunks=(1, 5, 16)) -> list:
         fields = params.model_fields if params is not None else {}
         out += [{"use": comp.name, "chunk_size": C} for C in chunks] if "chunk_size" in fields else [comp.name]
     return out
+
+
+def accepting(rule, chunks=(1, 5, 16)):
+    """The strategies of `every_strategy` that accept ``rule``; a refusal must give its reason."""
+    from atlas_core.errors import StrategyError
+
+    for strategy in every_strategy(chunks):
+        try:
+            rule.runner(strategy)
+        except StrategyError as exc:
+            assert str(exc).strip(), f"{strategy} refused without a reason"
+            continue
+        yield strategy
