@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .decay import log_tiny
+
 
 
 def _decays(alpha: torch.Tensor) -> torch.Tensor:
@@ -28,7 +30,7 @@ def _decays(alpha: torch.Tensor) -> torch.Tensor:
     product. The log is floored at log(tiny) (-87 in float32), so a gate of exactly 0 gives
     ``e^-87`` or less across it, with a finite gradient, and costs later differences nothing."""
     C = alpha.shape[-1]
-    cs = torch.log(alpha.clamp(min=torch.finfo(alpha.dtype).tiny)).cumsum(-1)
+    cs = log_tiny(alpha).cumsum(-1)
     upper = torch.ones(C, C, dtype=torch.bool, device=alpha.device).triu(1)
     return torch.exp((cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(upper, float("-inf")))
 

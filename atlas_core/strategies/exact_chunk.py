@@ -78,10 +78,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
-from ..spec.bounds import size_field
 
 from ..host.registry import Params
+from ..spec.bounds import size_field
 from ..knobs.retention import Retention
 from .base import Strategy
 from .decay import decay_matrix

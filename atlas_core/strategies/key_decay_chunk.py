@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .decay import log_tiny
 
 BLOCK = 16  # sub-block of the score matrices (tokens)
 
@@ -183,10 +184,7 @@ def run_key_decay(rule, p, chunk_size: int):
     retained = rule.retention.gradient_at == "retained"
     after = rule.read == "after"
     alpha = p.alpha if p.alpha.dim() == 4 else p.alpha.unsqueeze(-1).expand(B, H, T, Dk)
-    # log alpha with a finite gradient at alpha = 0 and a floor of log(tiny) (-87 in float32),
-    # not safe_log's -1e4: the floor enters running sums below, where -1e4 would cost every
-    # later difference b_t - b_j about 1e-3 of float32 precision
-    la = F.pad(torch.log(alpha.clamp(min=torch.finfo(alpha.dtype).tiny)), (0, 0, 0, pad))
+    la = F.pad(log_tiny(alpha), (0, 0, 0, pad))  # enters running sums: floored at log(tiny)
     b = la.unflatten(2, (N, C)).cumsum(-2)  # b_t from the chunk's start: [B, H, N, C, Dk]
     bp = torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2)  # b_{t-1}
     lag0 = rule.bias.lag_weights(p.v.dtype, p.v.device)[0]
