@@ -23,8 +23,8 @@ def examples_dir() -> Path:
     checkout = Path(__file__).resolve().parent.parent / "examples"
     if checkout.is_dir():
         return checkout
-    raise FileNotFoundError("the example specs are not installed with this copy of atlas-memory; "
-                            "reinstall it (pip install atlas-memory) or use a checkout's examples/")
+    raise FileNotFoundError("the example specs are not installed with this copy of atlas-ttm; "
+                            "reinstall it (pip install atlas-ttm) or use a checkout's examples/")
 
 
 def list_examples() -> list[dict[str, str]]:

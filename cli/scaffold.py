@@ -41,7 +41,7 @@ version = "0.1.0"
 description = "{name}: memory-rule components for atlas_core"
 readme = "README.md"
 requires-python = ">=3.11"
-dependencies = ["atlas-memory>=0.1", "torch>=2.2,<3", "pydantic>=2.5,<3"]
+dependencies = ["atlas-ttm>=0.1", "torch>=2.2,<3", "pydantic>=2.5,<3"]
 
 [project.optional-dependencies]
 test = ["pytest>=8"]

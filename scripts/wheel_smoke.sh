@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the wheels (atlas-memory and atlas-miras), installs them in a fresh virtual environment
+# Builds the wheels (atlas-ttm and atlas-miras), installs them in a fresh virtual environment
 # outside the repository and trains 20 steps of the embedded default from another directory:
 # the installed package must carry its bundled plugins and data on its own.
 set -euo pipefail
@@ -13,7 +13,7 @@ echo "wheel: building into $WORK/dist" >&2
 "$BASE_PY" -m venv "$WORK/venv"
 VPY="$WORK/venv/bin/python"
 "$VPY" -m pip install -q "torch==2.13.0"
-"$VPY" -m pip install -q "$WORK"/dist/atlas_memory-*.whl "$WORK"/dist/atlas_miras-*.whl
+"$VPY" -m pip install -q "$WORK"/dist/atlas_ttm-*.whl "$WORK"/dist/atlas_miras-*.whl
 cd "$WORK"  # not the repository: nothing may be imported from the source tree
 "$VPY" - <<'PY'
 import atlas_core, atlas_plugins, atlas_miras

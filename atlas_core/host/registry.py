@@ -41,13 +41,13 @@ KINDS = (
 # Namespaces whose plugins are known but may not be installed: a missing one is named with the
 # distribution that provides it.
 KNOWN_DISTRIBUTIONS = {
-    "core": "atlas-memory",
-    "titans": "atlas-memory (bundled plugin)",
-    "omega": "atlas-memory (bundled plugin)",
-    "atlas_muon": "atlas-memory (bundled plugin)",
-    "mru": "atlas-memory (bundled plugin)",
-    "cuda": "atlas-memory (bundled plugin)",
-    "zoo": "atlas-memory (bundled plugin)",
+    "core": "atlas-ttm",
+    "titans": "atlas-ttm (bundled plugin)",
+    "omega": "atlas-ttm (bundled plugin)",
+    "atlas_muon": "atlas-ttm (bundled plugin)",
+    "mru": "atlas-ttm (bundled plugin)",
+    "cuda": "atlas-ttm (bundled plugin)",
+    "zoo": "atlas-ttm (bundled plugin)",
     "miras": "atlas-miras (pip install ./packages/atlas-miras)",
 }
 
@@ -55,19 +55,19 @@ KNOWN_DISTRIBUTIONS = {
 # entry point of another distribution with one of these names is refused (the owner keeps
 # working), so no package can replace the core or a bundled plugin by squatting its name.
 NAMESPACE_OWNERS = {
-    "core": "atlas-memory",
-    "titans": "atlas-memory",
-    "cuda": "atlas-memory",
-    "omega": "atlas-memory",
-    "atlas_muon": "atlas-memory",
-    "mru": "atlas-memory",
-    "zoo": "atlas-memory",
+    "core": "atlas-ttm",
+    "titans": "atlas-ttm",
+    "cuda": "atlas-ttm",
+    "omega": "atlas-ttm",
+    "atlas_muon": "atlas-ttm",
+    "mru": "atlas-ttm",
+    "zoo": "atlas-ttm",
     "miras": "atlas-miras",
 }
 
 
 def canonical_distribution(name: str) -> str:
-    """A distribution name as packaging compares them: ``Atlas_Memory`` -> ``atlas-memory``."""
+    """A distribution name as packaging compares them: ``Atlas_TTM`` -> ``atlas-ttm``."""
     import re
 
     return re.sub(r"[-_.]+", "-", str(name)).lower()
@@ -88,7 +88,7 @@ class Provider:
     module: str
 
 
-CORE_PROVIDER = Provider("core", "atlas-memory", "0", "atlas_core.components.plugin")
+CORE_PROVIDER = Provider("core", "atlas-ttm", "0", "atlas_core.components.plugin")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -124,7 +124,7 @@ class Component:
         return self.name.split(":", 1)[0]
 
     def origin(self) -> str:
-        """``core:l2 (bias) of plugin 'core' (atlas-memory 0.1.0, atlas_core.components.plugin)``:
+        """``core:l2 (bias) of plugin 'core' (atlas-ttm 0.1.0, atlas_core.components.plugin)``:
         who to blame when the component fails."""
         p = self.provider
         return (f"{self.name} ({self.kind}) of plugin {p.namespace!r} ({p.distribution} "

@@ -1,6 +1,6 @@
 """pytest plugin of the conformance kit (entry point ``pytest11: atlas_core``).
 
-Loaded by every pytest run in an environment where atlas-memory is installed, so it stays light
+Loaded by every pytest run in an environment where atlas-ttm is installed, so it stays light
 and can never break a run: it imports only the standard library and the kit's torch-free config,
 and everything that could fail (reading plugin metadata for the header) is guarded.
 

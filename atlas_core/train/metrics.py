@@ -157,7 +157,7 @@ def plot_curves(records: Iterable[dict[str, Any]], path: str | Path, title: str 
         matplotlib.use("Agg")  # files only, never a window
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'atlas-memory[plot]'); skipped the curve"
+        return "matplotlib is not installed (pip install 'atlas-ttm[plot]'); skipped the curve"
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     if train:

@@ -39,7 +39,7 @@ class TensorBoardSink:
         except ImportError:
             raise TensorBoardMissing(
                 "train.tensorboard = true needs the tensorboard package: pip install "
-                "'atlas-memory[tensorboard]' (or set tensorboard = false)") from None
+                "'atlas-ttm[tensorboard]' (or set tensorboard = false)") from None
         self.path = Path(run_dir) / TB_DIR
         self.writer = SummaryWriter(log_dir=str(self.path))
 

@@ -23,7 +23,7 @@ from ..errors import AtlasError
 EOT = "<|endoftext|>"
 MIN_VOCAB = 260  # the 256 byte symbols of byte-level BPE, the special token and a few merges
 MAX_VOCAB = 1 << 20
-_INSTALL = "pip install 'atlas-memory[data]' (tokenizers and datasets)"
+_INSTALL = "pip install 'atlas-ttm[data]' (tokenizers and datasets)"
 
 
 class TokenizerError(AtlasError, ValueError):

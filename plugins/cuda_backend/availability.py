@@ -21,7 +21,7 @@ def interpreter_on() -> bool:
 def triton_available() -> tuple[bool, str]:
     """Triton importable, and a CUDA device present or the interpreter switched on."""
     if importlib.util.find_spec("triton") is None:
-        return False, "triton is not installed (pip install 'atlas-memory[triton]')"
+        return False, "triton is not installed (pip install 'atlas-ttm[triton]')"
     try:
         import triton  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - a broken install is a reason, not a crash

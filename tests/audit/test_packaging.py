@@ -34,7 +34,7 @@ def wheel(tmp_path_factory):
          "--quiet", "-w", str(out), str(src)],
         capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (path,) = out.glob("atlas_memory-*.whl")
+    (path,) = out.glob("atlas_ttm-*.whl")
     return zipfile.ZipFile(path)
 
 

@@ -44,9 +44,9 @@ def _install(tmp_path, monkeypatch, *, dist, namespace, module, source=None, nam
 
 def test_every_bundled_entry_point_has_an_owner():
     host = PluginHost(strict=True).load_entry_points()
-    bundled = {r.namespace for r in host.records.values() if r.distribution == "atlas-memory"}
+    bundled = {r.namespace for r in host.records.values() if r.distribution == "atlas-ttm"}
     assert bundled and bundled <= set(NAMESPACE_OWNERS)
-    assert all(NAMESPACE_OWNERS[ns] == "atlas-memory" for ns in bundled)
+    assert all(NAMESPACE_OWNERS[ns] == "atlas-ttm" for ns in bundled)
 
 
 @pytest.mark.parametrize("namespace", ["core", "titans"])
@@ -54,15 +54,15 @@ def test_a_squatter_on_a_bundled_namespace_is_refused_and_the_owner_works(tmp_pa
     _install(tmp_path, monkeypatch, dist="squatter-pkg", namespace=namespace, module=f"squat_{namespace}_mod")
     host = PluginHost(strict=False).load_entry_points()
     real = host.records[namespace]
-    assert real.status == "ok" and real.distribution == "atlas-memory" and real.components
+    assert real.status == "ok" and real.distribution == "atlas-ttm" and real.components
     bad = host.records[f"{namespace} ({'squatter-pkg'})"]
     assert bad.status == "refused" and not bad.components
-    assert f"namespace {namespace!r} belongs to atlas-memory" in bad.error
+    assert f"namespace {namespace!r} belongs to atlas-ttm" in bad.error
     assert "squatter-pkg 0.1" in bad.error and "uninstall squatter-pkg" in bad.error
     assert f"squat_{namespace}_mod" not in sys.modules  # a refused entry point is never imported
     with pytest.raises(SpecError, match="unknown bias"):
         host.registry.get("bias", f"{namespace}:evil")
-    assert host.registry.get("bias", "core:l2").provider.distribution == "atlas-memory"
+    assert host.registry.get("bias", "core:l2").provider.distribution == "atlas-ttm"
     assert namespace not in host.registry.unavailable
     assert [r.namespace for r in host.failed()] == [bad.namespace]
 
@@ -78,7 +78,7 @@ def test_the_core_squatter_leaves_specs_working(tmp_path, monkeypatch):
 
 def test_strict_mode_raises_on_a_squatter(tmp_path, monkeypatch):
     _install(tmp_path, monkeypatch, dist="squatter-pkg", namespace="core", module="squat_core_mod3")
-    with pytest.raises(PluginError, match=r"namespace 'core' belongs to atlas-memory.*squatter-pkg"):
+    with pytest.raises(PluginError, match=r"namespace 'core' belongs to atlas-ttm.*squatter-pkg"):
         PluginHost(strict=True).load_entry_points()
 
 
@@ -181,7 +181,7 @@ def test_the_cli_shows_refused_and_failed_plugins(tmp_path, monkeypatch):
         assert res.exit_code == 0, res.output
         rows = {r["namespace"]: r for r in json.loads(res.output)}
         assert rows["core (squatter-pkg)"]["status"] == "refused"
-        assert "belongs to atlas-memory" in rows["core (squatter-pkg)"]["error"]
+        assert "belongs to atlas-ttm" in rows["core (squatter-pkg)"]["error"]
         assert rows["core"]["status"] == "ok" and rows["core"]["n_components"] > 0
         assert rows["half"]["status"] == "failed" and rows["half"]["n_components"] == 0
         res = runner.invoke(make_app(), ["plugins", "doctor"])

@@ -36,7 +36,7 @@ def test_bundled_plugins_load_in_order_with_provenance():
     assert names[0] == "core" and names[1:] == sorted(names[1:])
     comp = host.registry.get("bias", "core:l2")
     assert comp.provider.namespace == "core"
-    assert comp.provider.distribution == "atlas-memory"
+    assert comp.provider.distribution == "atlas-ttm"
     assert "core:l2" in host.records["core"].components
 
 

@@ -78,7 +78,7 @@ def test_missing_plugin_namespace_names_the_distribution(reg):
 
 def test_unknown_arch_when_no_arch_is_registered():
     bare = Registry()
-    core_plugin.atlas_register(registry=NamespacedRegistry(bare, Provider("core", "atlas-memory", "0", "core")))
+    core_plugin.atlas_register(registry=NamespacedRegistry(bare, Provider("core", "atlas-ttm", "0", "core")))
     data = variant(model__arch="titans:lmm", memory={"algorithm": "core:momentum"})
     found = errors(data, bare)
     assert set(found) == {"model.arch"}

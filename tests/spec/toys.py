@@ -130,7 +130,7 @@ def toy_registry() -> Registry:
     from atlas_core.components import plugin as core
 
     reg = Registry()
-    core.atlas_register(registry=NamespacedRegistry(reg, Provider("core", "atlas-memory", "0", core.__name__)))
+    core.atlas_register(registry=NamespacedRegistry(reg, Provider("core", "atlas-ttm", "0", core.__name__)))
     register(NamespacedRegistry(reg, Provider("toy", "toy-dist", "0.1", __name__)))
     return reg
 

@@ -23,7 +23,7 @@ def _cases():
 
 
 def test_every_bundled_namespace_is_checked_somewhere():
-    bundled = {r.namespace for r in get_host().records.values() if r.distribution == "atlas-memory"}
+    bundled = {r.namespace for r in get_host().records.values() if r.distribution == "atlas-ttm"}
     assert set(HERE) <= bundled
     elsewhere = set()
     for path in TESTS.rglob("*.py"):

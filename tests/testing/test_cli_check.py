@@ -107,7 +107,7 @@ def test_plugins_new_writes_a_package_and_refuses_to_overwrite(app, tmp_path):
 
 @pytest.mark.parametrize("name, message", [
     ("Acme", "must be a lowercase identifier"),
-    ("core", "already provided by atlas-memory"),
+    ("core", "already provided by atlas-ttm"),
     ("test", "is reserved"),
     ("class", "must be a lowercase identifier"),
 ])

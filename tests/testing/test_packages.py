@@ -7,7 +7,7 @@ there the way their authors and CI run them:
   ``core:lm`` model built from a spec with ``gate_bias = { beta = 1.0 }`` learns it, trains, and
   ``atlas check acme_gate`` passes.
 
-The environment is a venv with ``--system-site-packages`` (torch and atlas-memory come from the
+The environment is a venv with ``--system-site-packages`` (torch and atlas-ttm come from the
 host environment: nothing is downloaded) and the packages are installed with ``--no-deps
 --no-build-isolation --no-index``.
 """
@@ -36,7 +36,7 @@ def venv(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root)],
                    check=True, timeout=120)
     # When the tests themselves run in a virtual environment, "system" site-packages means the base
-    # interpreter's: add this environment's own (where torch and atlas-memory are installed), with
+    # interpreter's: add this environment's own (where torch and atlas-ttm are installed), with
     # their .pth files processed (an editable install is one), after the new venv's own.
     purelib = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     lines = [f"import site; site.addsitedir({d!r})" for d in site.getsitepackages()]

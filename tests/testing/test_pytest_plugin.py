@@ -30,7 +30,7 @@ def _restore_config():
 def test_header_lists_installed_plugins(pytester):
     pytester.makepyfile("def test_ok(): pass")
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["atlas plugins: core (atlas-memory *), *titans (atlas-memory *)*",
+    result.stdout.fnmatch_lines(["atlas plugins: core (atlas-ttm *), *titans (atlas-ttm *)*",
                                  "atlas kit: device=cpu dtype=float64"])
     assert result.ret == 0
 

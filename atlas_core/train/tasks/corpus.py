@@ -21,7 +21,7 @@ from .base import TaskDataError, TaskFileNotFoundError
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 _BUILDER = {"jsonl": "json", "parquet": "parquet"}
-_INSTALL = "pip install 'atlas-memory[data]' (datasets and tokenizers)"
+_INSTALL = "pip install 'atlas-ttm[data]' (datasets and tokenizers)"
 
 
 def corpus_format(path: str | Path, fmt: str = "auto") -> str:
