@@ -43,3 +43,14 @@ def tensors_runnable(*tensors) -> tuple[bool, str]:
         if not t.is_cuda:
             return False, f"tensors are on {t.device}; the kernels need CUDA tensors (or TRITON_INTERPRET=1)"
     return True, ""
+
+
+def device_guard(tensor):
+    """A context that makes ``tensor``'s CUDA device the current one for a launch (Triton launches
+    on the current device: without it, tensors on ``cuda:1`` would run on ``cuda:0``); a no-op for
+    CPU tensors under the interpreter."""
+    import contextlib
+
+    import torch
+
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()

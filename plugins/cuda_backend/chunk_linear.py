@@ -28,17 +28,29 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .availability import device_guard
 from .backend_chunk import DTYPES, MAX_CHUNK, MAX_EXTENDED, MAX_HEAD_DIM
 
 TF32_ENV = "ATLAS_TRITON_TF32"
 
 
+def tf32_requested() -> bool:
+    return os.environ.get(TF32_ENV, "") in ("1", "true", "yes")
+
+
 def precision_for(dtype: torch.dtype) -> str:
-    """float32 inputs get IEEE float32 products (the 1e-5 contract with the reference) unless
-    ``ATLAS_TRITON_TF32=1``; half inputs use TF32 tensor cores. Accumulation is float32 always."""
-    if dtype == torch.float32 and os.environ.get(TF32_ENV, "") not in ("1", "true", "yes"):
-        return "ieee"
-    return "tf32"
+    """The precision of every product that involves a float32 quantity the kernel computed (the
+    state, errors, decay coefficients, gradients): IEEE float32 whatever the input dtype, unless
+    ``ATLAS_TRITON_TF32=1`` (TF32 rounds operands to 10 mantissa bits, a relative error of ~5e-4
+    per product that the state would carry from chunk to chunk). Accumulation is float32 always."""
+    return "tf32" if tf32_requested() else "ieee"
+
+
+def input_precision_for(dtype: torch.dtype) -> str:
+    """The precision of products of two input tiles as loaded (``psi . x``): TF32 for bfloat16 and
+    float16 inputs, whose values TF32 represents exactly (8 and 11 significant bits <= 11), so the
+    tensor cores change nothing but the summation order; float32 inputs follow `precision_for`."""
+    return "tf32" if dtype in (torch.bfloat16, torch.float16) else precision_for(dtype)
 
 
 def block(n: int) -> int:
@@ -46,8 +58,25 @@ def block(n: int) -> int:
     return max(16, triton.next_power_of_2(max(int(n), 1)))
 
 
+# the most value dims (rows of M) one program carries; Dv above it is split across programs
+VALUE_BLOCK = 64
+
+
+def launch_options(BK: int, BV: int, BM: int, momentum: bool, backward: bool) -> dict:
+    """num_warps and num_stages for a tile size (docs/kernels.md "Resources on sm_90").
+
+    ``num_stages = 1``: the chunk loop is sequential through the state, so software pipelining
+    of its loads buys little, and its multi-buffered copies are what pushed the D = 128 tiles
+    past the 227 KiB of shared memory an H100 block may use."""
+    return dict(num_warps=4 if BK * BV <= 4096 else 8, num_stages=1)
+
+
 @dataclass(frozen=True)
 class Config:
+    """A launch of the kernels: the problem's sizes and modes, the padded tiles (BV is the block
+    of value dims one program handles: ``NV = ceil(Dv / BV)`` programs share a (batch, head),
+    each carrying its rows of M and Z, as FLA splits Dv) and the products' precisions."""
+
     chunk_size: int
     window: int
     l2: bool
@@ -57,21 +86,26 @@ class Config:
     BM: int
     BK: int
     BV: int
+    NV: int
     precision: str
+    input_precision: str
 
     @classmethod
     def make(cls, chunk_size, window, dk, dv, bias, read, momentum, dtype) -> "Config":
+        BV = min(block(dv), VALUE_BLOCK)
         return cls(
             chunk_size=chunk_size, window=window, l2=(bias == "l2"), momentum=momentum,
             before=(read == "before"), BC=block(chunk_size), BM=block(chunk_size + window - 1),
-            BK=block(dk), BV=block(dv),
-            precision=precision_for(dtype),
+            BK=block(dk), BV=BV, NV=triton.cdiv(dv, BV),
+            precision=precision_for(dtype), input_precision=input_precision_for(dtype),
         )
 
-    def launch(self) -> dict:
+    def launch(self, backward: bool = False) -> dict:
+        """Constexprs and launch options (see `launch_options`)."""
         return dict(
             BC=self.BC, BM=self.BM, BK=self.BK, BV=self.BV, L2=self.l2, MOMENTUM=self.momentum,
-            BEFORE=self.before, PREC=self.precision, num_warps=4 if self.BK * self.BV <= 4096 else 8,
+            BEFORE=self.before, PREC=self.precision, PREC_IN=self.input_precision,
+            **launch_options(self.BK, self.BV, self.BM, self.momentum, backward),
         )
 
 
@@ -101,10 +135,11 @@ class ChunkLinearFn(torch.autograd.Function):
         z_out = torch.empty(BH, DV, DK, **f32) if cfg.momentum else m_out
         m_chk = torch.empty(BH, NT, DV, DK, **f32)
         z_chk = torch.empty(BH, NT, DV, DK, **f32) if cfg.momentum else m_chk
-        chunk_linear_fwd_kernel[(BH,)](
-            *args, eta_f, lag_f, m0_f, z0_f, y, m_out, z_out, m_chk, z_chk,
-            T, NT, DK, DV, C, c, **cfg.launch(),
-        )
+        with device_guard(psi):
+            chunk_linear_fwd_kernel[(BH, cfg.NV)](
+                *args, eta_f, lag_f, m0_f, z0_f, y, m_out, z_out, m_chk, z_chk,
+                T, NT, DK, DV, C, c, **cfg.launch(),
+            )
         ctx.cfg = cfg
         ctx.save_for_backward(*args, eta_f, lag_f, m_chk, z_chk)
         ctx.shapes = (B, H, T, DK, DV)
@@ -146,7 +181,7 @@ def chunk_linear(psi, xk, xv, xg, alpha, theta, eta, lag, m0, z0, *, chunk_size:
     if psi.dtype not in DTYPES:
         raise ValueError(f"chunk_linear: dtype {psi.dtype} is not one of {DTYPES}")
     cfg = Config.make(chunk_size, c, DK, DV, bias, read, eta is not None, psi.dtype)
-    if cfg.BC > MAX_CHUNK or cfg.BM > MAX_EXTENDED or cfg.BK > MAX_HEAD_DIM or cfg.BV > MAX_HEAD_DIM:
+    if cfg.BC > MAX_CHUNK or cfg.BM > MAX_EXTENDED or cfg.BK > MAX_HEAD_DIM or block(DV) > MAX_HEAD_DIM:
         raise ValueError(
             f"chunk_linear: chunk_size={chunk_size}, window={c}, Dk={DK}, Dv={DV} exceed the kernel "
             f"limits (C <= {MAX_CHUNK}, C + c - 1 <= {MAX_EXTENDED}, D <= {MAX_HEAD_DIM})"

@@ -26,9 +26,12 @@ writes of the kernel ever touch one address.
 
 Tensor arguments (contiguous; BH = batch * heads, TE = T + c - 1, NT chunks, HW = max(c-1, 1)):
     as the forward, plus m_chk, z_chk [BH, NT, Dv, Dk]; dy [BH, T, Dv]; dmT, dzT [BH, Dv, Dk];
-    outputs dpsi [BH, T, Dk], dxk [BH, TE, Dk], dxv [BH, TE, Dv], dxg [BH, TE],
-    dhk [BH, NT, HW, Dk], dhv [BH, NT, HW, Dv], dhg [BH, NT, HW], dalpha, dtheta, deta [BH, T],
-    dm0, dz0 [BH, Dv, Dk], dlag [BH, BW]. All gradients are float32.
+    outputs dxv [BH, TE, Dv], dhv [BH, NT, HW, Dv], dm0, dz0 [BH, Dv, Dk] (each program writes its
+    block of value dims) and, one slice per value block (NV = ceil(Dv / BV) programs per (batch,
+    head); the launcher sums them), dpsi [NV, BH, T, Dk], dxk [NV, BH, TE, Dk], dxg [NV, BH, TE],
+    dhk [NV, BH, NT, HW, Dk], dhg [NV, BH, NT, HW], dalpha, dtheta, deta [NV, BH, T],
+    dlag [NV, BH, BW]. All gradients are float32. Every gradient that sums over the value dims
+    (through dy U^T, U dM', M0's rows) is a sum of per-block terms, so the split is exact.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .availability import device_guard
 from .chunk_linear_fwd import chunk_coefficients
 
 
@@ -53,14 +57,27 @@ def chunk_linear_bwd_kernel(
     T, NT, DK, DV, C, W,
     BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BW: tl.constexpr,
     L2: tl.constexpr, MOMENTUM: tl.constexpr, BEFORE: tl.constexpr, PREC: tl.constexpr,
+    PREC_IN: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid = tl.program_id(0).to(tl.int64)  # offsets in int64
+    iv = tl.program_id(1)  # this program's block of value dims (rows of M)
     TE = T + W - 1
     HW = tl.maximum(W - 1, 1)
+    # the gradients that sum over the value dims go to this block's slice of [NV, ...] buffers
+    nbh = tl.num_programs(0).to(tl.int64)
+    dpsi += iv * nbh * T * DK
+    dxk += iv * nbh * TE * DK
+    dxg += iv * nbh * TE
+    dhk += iv * nbh * NT * HW * DK
+    dhg += iv * nbh * NT * HW
+    dalpha += iv * nbh * T
+    dtheta += iv * nbh * T
+    deta += iv * nbh * T
+    dlag += iv * nbh * BW
     rc = tl.arange(0, BC)
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
+    rv = iv * BV + tl.arange(0, BV)
     rw = tl.arange(0, BW)
     mk = rk < DK
     mv = rv < DV
@@ -108,7 +125,7 @@ def chunk_linear_bwd_kernel(
             U = tl.dot(X, tl.trans(M), input_precision=PREC) - V
         else:
             U = -V
-        S = tl.dot(Xq, tl.trans(X), input_precision=PREC)
+        S = tl.dot(Xq, tl.trans(X), input_precision=PREC_IN)
         A_last = tl.exp(tl.sum(la, 0))
 
         # -- through the read y = Ar (psi M0^T) - (Kr * S) U - PLr (psi Z0^T) --------------------
@@ -226,24 +243,29 @@ def chunk_linear_backward(ctx, dy, dM, dZ):
     dzT = dmT
     if cfg.momentum:
         dzT = torch.zeros(BH, DV, DK, **f32) if dZ is None else dZ.reshape(BH, DV, DK).float().contiguous()
-    dpsi = torch.empty(BH, T, DK, **f32)
-    dxk = torch.zeros(BH, TE, DK, **f32)
+    NV = cfg.NV  # value blocks: the gradients summed over value dims come back per block
+    dpsi = torch.empty(NV, BH, T, DK, **f32)
+    dxk = torch.zeros(NV, BH, TE, DK, **f32)
     dxv = torch.zeros(BH, TE, DV, **f32)
-    dxg = torch.zeros(BH, TE, **f32)
-    dhk = torch.zeros(BH, NT, HW, DK, **f32)
+    dxg = torch.zeros(NV, BH, TE, **f32)
+    dhk = torch.zeros(NV, BH, NT, HW, DK, **f32)
     dhv = torch.zeros(BH, NT, HW, DV, **f32)
-    dhg = torch.zeros(BH, NT, HW, **f32)
-    dalpha = torch.empty(BH, T, **f32)
-    dtheta = torch.empty(BH, T, **f32)
-    deta = torch.empty(BH, T, **f32) if cfg.momentum else dalpha
+    dhg = torch.zeros(NV, BH, NT, HW, **f32)
+    dalpha = torch.empty(NV, BH, T, **f32)
+    dtheta = torch.empty(NV, BH, T, **f32)
+    deta = torch.empty(NV, BH, T, **f32) if cfg.momentum else dalpha
     dm0 = torch.empty(BH, DV, DK, **f32)
     dz0 = torch.empty(BH, DV, DK, **f32) if cfg.momentum else dm0
     BW = max(2, triton.next_power_of_2(c))
-    dlag = torch.zeros(BH, BW, **f32)
-    chunk_linear_bwd_kernel[(BH,)](
-        psi, xk, xv, xg, alpha, theta, eta, lag, m_chk, z_chk, dy, dmT, dzT,
-        dpsi, dxk, dxv, dxg, dhk, dhv, dhg, dalpha, dtheta, deta, dm0, dz0, dlag,
-        T, NT, DK, DV, C, c, BW=BW, **cfg.launch(),
+    dlag = torch.zeros(NV, BH, BW, **f32)
+    with device_guard(psi):
+        chunk_linear_bwd_kernel[(BH, NV)](
+            psi, xk, xv, xg, alpha, theta, eta, lag, m_chk, z_chk, dy, dmT, dzT,
+            dpsi, dxk, dxv, dxg, dhk, dhv, dhg, dalpha, dtheta, deta, dm0, dz0, dlag,
+            T, NT, DK, DV, C, c, BW=BW, **cfg.launch(backward=True),
+        )
+    dpsi, dxk, dxg, dhk, dhg, dalpha, dtheta, deta, dlag = (
+        x.sum(0) if NV > 1 else x[0] for x in (dpsi, dxk, dxg, dhk, dhg, dalpha, dtheta, deta, dlag)
     )
     if c > 1:  # fold in the gradients of each chunk's c - 1 look-back rows
         pos = (torch.arange(NT, device=dev) * C)[:, None] + torch.arange(c - 1, device=dev)[None, :]

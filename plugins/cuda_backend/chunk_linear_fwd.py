@@ -96,13 +96,15 @@ def chunk_linear_fwd_kernel(
     T, NT, DK, DV, C, W,
     BC: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     L2: tl.constexpr, MOMENTUM: tl.constexpr, BEFORE: tl.constexpr, PREC: tl.constexpr,
+    PREC_IN: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # one (batch, head)
+    pid = tl.program_id(0).to(tl.int64)  # one (batch, head); offsets in int64
+    iv = tl.program_id(1)  # one block of BV value dims (rows of M)
     TE = T + W - 1
     rc = tl.arange(0, BC)
     rm = tl.arange(0, BM)
     rk = tl.arange(0, BK)
-    rv = tl.arange(0, BV)
+    rv = iv * BV + tl.arange(0, BV)
     mk = rk < DK
     mv = rv < DV
     st_off = rv[:, None] * DK + rk[None, :]  # [BV, BK]
@@ -145,7 +147,7 @@ def chunk_linear_fwd_kernel(
             U = tl.dot(X, tl.trans(M), input_precision=PREC) - V  # errors at the anchor: [BM, BV]
         else:
             U = -V
-        S = tl.dot(Xq, tl.trans(X), input_precision=PREC)  # (psi_t . x_l): [BC, BM]
+        S = tl.dot(Xq, tl.trans(X), input_precision=PREC_IN)  # (psi_t . x_l): [BC, BM]
         out = Ar[:, None] * tl.dot(Xq, tl.trans(M), input_precision=PREC)
         out -= tl.dot(Kr * S, U, input_precision=PREC)
         A_last = tl.exp(tl.sum(la, 0))

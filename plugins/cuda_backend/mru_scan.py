@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .availability import device_guard
 from .chunk_linear import precision_for
 
 MAX_D = 64
@@ -53,7 +54,7 @@ def _eye(BD: tl.constexpr):
 
 @triton.jit
 def mru_fwd_local(X, H, TOT, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     r = tl.arange(0, BD)
     off = r[:, None] * D + r[None, :]
@@ -70,7 +71,7 @@ def mru_fwd_local(X, H, TOT, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def mru_fwd_states(H0, TOT, S, NT, D, HAS_H0: tl.constexpr, BD: tl.constexpr, PREC: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, BD)
     off = r[:, None] * D + r[None, :]
     mask = (r[:, None] < D) & (r[None, :] < D)
@@ -86,7 +87,7 @@ def mru_fwd_states(H0, TOT, S, NT, D, HAS_H0: tl.constexpr, BD: tl.constexpr, PR
 
 @triton.jit
 def mru_fwd_apply(H, S, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     r = tl.arange(0, BD)
     off = r[:, None] * D + r[None, :]
@@ -101,7 +102,7 @@ def mru_fwd_apply(H, S, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def mru_bwd_local(X, DH, CC, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     r = tl.arange(0, BD)
     off = r[:, None] * D + r[None, :]
@@ -120,7 +121,7 @@ def mru_bwd_local(X, DH, CC, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def mru_bwd_carries(CC, TOT, G, DH0, NT, D, BD: tl.constexpr, PREC: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     r = tl.arange(0, BD)
     off = r[:, None] * D + r[None, :]
     mask = (r[:, None] < D) & (r[None, :] < D)
@@ -137,7 +138,7 @@ def mru_bwd_carries(CC, TOT, G, DH0, NT, D, BD: tl.constexpr, PREC: tl.constexpr
 
 @triton.jit
 def mru_bwd_apply(X, H, S, DH, G, DX, T, NT, D, C, BD: tl.constexpr, PREC: tl.constexpr):
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1)
     r = tl.arange(0, BD)
     off = r[:, None] * D + r[None, :]
@@ -164,41 +165,57 @@ def _block(d: int) -> int:
     return max(2, triton.next_power_of_2(d))
 
 
+# each kernel and its pointer arguments in the input dtype (the others are float32)
+KERNELS = {
+    "mru_fwd_local": ("X",), "mru_fwd_states": (), "mru_fwd_apply": (),
+    "mru_bwd_local": ("X", "DH"), "mru_bwd_carries": (), "mru_bwd_apply": ("X", "DH"),
+}
+
+
+def launch_options(d: int, dtype: torch.dtype) -> dict:
+    """Constexprs and launch options of every scan kernel at state size d. Every product involves
+    a running product (float32 state), so all use `precision_for` (IEEE unless ATLAS_TRITON_TF32).
+    One d x d block per program: 4 warps up to d = 32, 8 at d = 64."""
+    BD = _block(d)
+    return dict(BD=BD, PREC=precision_for(dtype), num_warps=8 if BD >= 64 else 4, num_stages=1)
+
+
 class MRUScanFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, h0, chunk: int):
         B, Hh, T, d, _ = X.shape
-        BH, NT, BD = B * Hh, triton.cdiv(T, chunk), _block(d)
-        prec = precision_for(X.dtype)
+        BH, NT = B * Hh, triton.cdiv(T, chunk)
         f32 = dict(dtype=torch.float32, device=X.device)
         Xf = X.reshape(BH, T, d, d).contiguous()
         h0f = h0.reshape(BH, d, d).float().contiguous() if h0 is not None else Xf
         H = torch.empty(BH, T, d, d, **f32)  # float32 whatever X's dtype: prefixes are reread
         TOT = torch.empty(BH, NT, d, d, **f32)
         S = torch.empty(BH, NT, d, d, **f32)
-        kw = dict(BD=BD, PREC=prec)
-        mru_fwd_local[(BH, NT)](Xf, H, TOT, T, NT, d, chunk, **kw)
-        mru_fwd_states[(BH,)](h0f, TOT, S, NT, d, HAS_H0=h0 is not None, **kw)
-        mru_fwd_apply[(BH, NT)](H, S, T, NT, d, chunk, **kw)
+        kw = launch_options(d, X.dtype)
+        with device_guard(X):
+            mru_fwd_local[(BH, NT)](Xf, H, TOT, T, NT, d, chunk, **kw)
+            mru_fwd_states[(BH,)](h0f, TOT, S, NT, d, HAS_H0=h0 is not None, **kw)
+            mru_fwd_apply[(BH, NT)](H, S, T, NT, d, chunk, **kw)
         ctx.save_for_backward(Xf, H, TOT, S)
-        ctx.meta = (B, Hh, T, d, chunk, prec, h0 is not None, h0.dtype if h0 is not None else None)
+        ctx.meta = (B, Hh, T, d, chunk, h0 is not None, h0.dtype if h0 is not None else None)
         return H.view(B, Hh, T, d, d).to(X.dtype)
 
     @staticmethod
     def backward(ctx, dH):
         Xf, H, TOT, S = ctx.saved_tensors
-        B, Hh, T, d, chunk, prec, has_h0, h0_dtype = ctx.meta
-        BH, NT, BD = B * Hh, TOT.shape[1], _block(d)
+        B, Hh, T, d, chunk, has_h0, h0_dtype = ctx.meta
+        BH, NT = B * Hh, TOT.shape[1]
         f32 = dict(dtype=torch.float32, device=Xf.device)
         dHf = dH.reshape(BH, T, d, d).contiguous()
         CC = torch.empty(BH, NT, d, d, **f32)
         G = torch.empty(BH, NT, d, d, **f32)
         dh0 = torch.empty(BH, d, d, **f32)
         dX = torch.empty(BH, T, d, d, **f32)
-        kw = dict(BD=BD, PREC=prec)
-        mru_bwd_local[(BH, NT)](Xf, dHf, CC, T, NT, d, chunk, **kw)
-        mru_bwd_carries[(BH,)](CC, TOT, G, dh0, NT, d, **kw)
-        mru_bwd_apply[(BH, NT)](Xf, H, S, dHf, G, dX, T, NT, d, chunk, **kw)
+        kw = launch_options(d, Xf.dtype)
+        with device_guard(Xf):
+            mru_bwd_local[(BH, NT)](Xf, dHf, CC, T, NT, d, chunk, **kw)
+            mru_bwd_carries[(BH,)](CC, TOT, G, dh0, NT, d, **kw)
+            mru_bwd_apply[(BH, NT)](Xf, H, S, dHf, G, dX, T, NT, d, chunk, **kw)
         dX = dX.view(B, Hh, T, d, d).to(Xf.dtype)
         return dX, (dh0.view(B, Hh, d, d).to(h0_dtype) if has_h0 else None), None
 

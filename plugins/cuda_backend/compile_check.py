@@ -1,0 +1,199 @@
+"""Ahead-of-time compilation of the kernels for a GPU this machine does not have.
+
+``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32),
+options=...)`` runs Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX, and ``ptxas`` to a cubin)
+without a driver. Its metadata gives ``shared``: the bytes of shared memory Triton compares with
+the device's limit before a launch (``OutOfResources`` above it). Running the ``ptxas`` Triton
+ships on the PTX again with ``-v`` gives registers, stack frame and spill bytes per thread.
+
+`kernel_configs()` lists the configurations the backends can dispatch (the launch options come
+from the same functions the launchers call), `compile_config()` compiles one and `resources()`
+measures it. Triton caches compiled kernels (``~/.triton/cache``) and the ptxas report is cached
+beside them, so a second run costs seconds. Used by tests/cuda_backend/test_compile.py (the
+boundary configurations for sm_90) and scripts/kernel_resources.py (the full matrix, any target).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+# shared memory per block a kernel may use (the opt-in maximum): H100/H200 and A100
+SHARED_LIMIT = {90: 232_448, 80: 166_912, 89: 101_376, 86: 101_376}
+_TY = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One compilable kernel configuration: the kernel's name, its pointer and int argument
+    types, constexprs and launch options, plus a label for tables."""
+
+    kernel: str  # "module:function" inside atlas_plugins.cuda_backend
+    label: str
+    dtype: str
+    pointers_in: tuple[str, ...]  # pointer arguments in the input dtype (the rest are fp32)
+    constexprs: dict = field(hash=False)
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def function(self):
+        import importlib
+
+        mod, fn = self.kernel.split(":")
+        return getattr(importlib.import_module(f"atlas_plugins.cuda_backend.{mod}"), fn)
+
+    def signature(self) -> dict[str, str]:
+        fn = self.function()
+        sig = {}
+        for i, name in enumerate(fn.arg_names):
+            if name in self.constexprs:
+                sig[name] = "constexpr"
+            elif i in fn.constexprs:
+                raise ValueError(f"{self.kernel}: constexpr {name} has no value in the configuration")
+            elif name in _INT_ARGS:
+                sig[name] = "i32"
+            else:
+                sig[name] = _TY[self.dtype] if name in self.pointers_in else "*fp32"
+        return sig
+
+
+# integer (non-pointer) arguments of the kernels
+_INT_ARGS = {"T", "NT", "DK", "DV", "C", "W", "D"}
+
+
+def compile_config(cfg: KernelConfig, arch: int = 90):
+    """Compile for ``cuda:arch`` (no GPU needed); returns Triton's CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = cfg.function()
+    # pointers 16-byte aligned, as torch allocates them (the launch specialises the same way)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in cfg.signature()
+             and cfg.signature()[n].startswith("*")}
+    src = ASTSource(fn, cfg.signature(), dict(cfg.constexprs), attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+
+
+def ptxas_path(arch: int) -> str:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(arch).path
+
+
+_PTXAS = re.compile(
+    r"(?P<stack>\d+) bytes stack frame, (?P<st>\d+) bytes spill stores, (?P<ld>\d+) bytes spill loads"
+    r".*?Used (?P<reg>\d+) registers", re.S,
+)
+
+
+def ptxas_report(ptx: str, arch: int) -> dict:
+    """Registers, stack frame and spill bytes per thread from ``ptxas -v`` on the PTX."""
+    import tempfile
+
+    gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        out = subprocess.run([ptxas_path(arch), "-v", "--regAllocOptLevel=2", f"--gpu-name={gpu}", src,
+                              "-o", os.path.join(tmp, "k.o")], capture_output=True, text=True, check=True)
+    m = _PTXAS.search(out.stderr)
+    if m is None:
+        raise RuntimeError(f"unexpected ptxas output:\n{out.stderr}")
+    return dict(registers=int(m["reg"]), stack=int(m["stack"]), spill_stores=int(m["st"]),
+                spill_loads=int(m["ld"]))
+
+
+def resources(cfg: KernelConfig, arch: int = 90) -> dict:
+    """Compile ``cfg`` and measure it: shared memory (Triton's launch check), registers, stack
+    and spills (ptxas). The ptxas report is cached beside Triton's cache entry."""
+    import triton
+
+    ck = compile_config(cfg, arch)
+    cache = os.path.join(triton.knobs.cache.dir, "atlas_ptxas", f"{ck.hash}.json")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            rep = json.load(f)
+    else:
+        rep = ptxas_report(ck.asm["ptx"], arch)
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(cache, "w") as f:
+            json.dump(rep, f)
+    return dict(shared=int(ck.metadata.shared), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **rep)
+
+
+# -- the configurations the backends dispatch ------------------------------------------------------
+def chunk_linear_config(direction: str, dtype: str, *, dk: int, dv: int, chunk: int, window: int,
+                        momentum: bool, l2: bool = True, before: bool = False) -> KernelConfig:
+    """The forward or backward kernel as `chunk_linear` launches it for these sizes."""
+    import torch
+
+    from .chunk_linear import Config
+
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    cfg = Config.make(chunk, window, dk, dv, "l2" if l2 else "dot", "before" if before else "after",
+                      momentum, tdtype)
+    launch = cfg.launch(backward=direction == "bwd")
+    nw, ns = launch.pop("num_warps"), launch.pop("num_stages")
+    if direction == "bwd":
+        launch["BW"] = max(2, 1 << (window - 1).bit_length())
+        kernel, inputs = "chunk_linear_bwd:chunk_linear_bwd_kernel", ("psi", "xk", "xv", "dy")
+    else:
+        kernel, inputs = "chunk_linear_fwd:chunk_linear_fwd_kernel", ("psi", "xk", "xv", "y")
+    label = (f"{direction} {dtype} {'momentum' if momentum else 'gd'} c={window} C={chunk} "
+             f"Dk={dk} Dv={dv}")
+    return KernelConfig(kernel, label, dtype, inputs, launch, nw, ns)
+
+
+def mru_configs(dtype: str, d: int) -> list[KernelConfig]:
+    """The six MRU scan kernels at state size d."""
+    import torch
+
+    from .mru_scan import KERNELS, launch_options
+
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    out = []
+    for name, inputs in KERNELS.items():
+        opts = launch_options(d, tdtype)
+        nw, ns = opts.pop("num_warps"), opts.pop("num_stages")
+        if name == "mru_fwd_states":
+            opts["HAS_H0"] = True
+        out.append(KernelConfig(f"mru_scan:{name}", f"{name} {dtype} d={d}", dtype, inputs, opts, nw, ns))
+    return out
+
+
+def boundary_configs() -> list[KernelConfig]:
+    """The largest configuration per (direction, dtype, momentum, window): D = 128, C = 64, and
+    with a window C + c - 1 = 128 rows."""
+    out = []
+    for direction in ("fwd", "bwd"):
+        for dtype in ("fp32", "bf16"):
+            for momentum in (False, True):
+                for window in (1, 65):
+                    out.append(chunk_linear_config(direction, dtype, dk=128, dv=128, chunk=64,
+                                                   window=window, momentum=momentum))
+    return out
+
+
+def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
+                   dtypes=("fp32", "bf16")) -> list[KernelConfig]:
+    """The full matrix for the script: every direction x dtype x momentum x window x D x C, and
+    the MRU kernels at d = 16, 32, 64."""
+    out = []
+    for direction in ("fwd", "bwd"):
+        for dtype in dtypes:
+            for momentum in (False, True):
+                for window in windows:
+                    for d in dims:
+                        for chunk in chunks:
+                            out.append(chunk_linear_config(direction, dtype, dk=d, dv=d, chunk=chunk,
+                                                           window=window, momentum=momentum))
+    for dtype in dtypes:
+        for d in (16, 32, 64):
+            out += mru_configs(dtype, d)
+    return out
