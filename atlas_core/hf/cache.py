@@ -32,6 +32,9 @@ class AtlasMemoryCache:
 
     is_compileable = False
     is_croppable = False
+    # Per layer, whether its cache is a fixed-size recurrent state rather than growing keys and
+    # values: always (transformers then leaves the slicing of the ids to the model).
+    is_linear = (True,)
 
     def __init__(self) -> None:
         self.state: Any = None

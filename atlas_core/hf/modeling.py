@@ -7,6 +7,10 @@ runs the native ``step`` and carries the state in an `AtlasMemoryCache`. ``gener
 prompt once, then one token per step (`prepare_inputs_for_generation` passes only the ids the
 cache has not consumed), exactly as ``MemoryLM.generate`` does.
 
+The cache travels under the name the installed ``transformers`` uses (`CACHE_NAME`):
+``past_key_values`` up to 5.23, ``cache`` from 5.24 on (the old name is deprecated there).
+``forward`` accepts either keyword on every version.
+
 Supported decoding: greedy and sampling (with any logits processors), batches of prompts of one
 length. Not supported: padding (a zero in ``attention_mask``: the memory would absorb the pad
 tokens), ``inputs_embeds``, beam search and assisted decoding (the state cannot be reordered or
@@ -15,6 +19,7 @@ rolled back).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -26,6 +31,10 @@ from transformers.modeling_utils import PreTrainedModel
 
 from .cache import AtlasMemoryCache
 from .config import AtlasConfig
+
+#: The keyword and output field that carry the cache in the installed transformers.
+CACHE_NAME = ("cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+              else "past_key_values")
 
 
 def _ties(module: torch.nn.Module) -> dict[str, str]:
@@ -138,18 +147,21 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: AtlasMemoryCache | None = None,
+        cache: AtlasMemoryCache | None = None,
         use_cache: bool | None = None,
         labels: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         return_dict: bool | None = None,
+        past_key_values: AtlasMemoryCache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
         """``input_ids [B, T] -> logits [B, T, vocab]``. With ``use_cache`` (default: when a cache
-        is given) the ids continue the sequence the cache holds, and the returned
-        ``past_key_values`` (the same cache object, updated) holds the state after them.
+        is given) the ids continue the sequence the cache holds, and the returned cache (the same
+        object, updated; the output's field `CACHE_NAME`) holds the state after them. The cache
+        may be passed as ``cache`` or ``past_key_values``.
         ``labels``: the HF convention (``labels = input_ids`` trains next-token prediction;
         -100 is ignored)."""
+        given = _one_cache(cache, past_key_values)
         if inputs_embeds is not None:
             raise ValueError("inputs_embeds is not supported: pass input_ids (the memory layers "
                              "read the model's own embedding)")
@@ -160,26 +172,26 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
                 "attention_mask has zeros (padding), which atlas models do not support: the memory "
                 "state would absorb the pad tokens; generate prompts of different lengths one at a "
                 "time (or in groups of equal length)")
-        if past_key_values is not None and not isinstance(past_key_values, AtlasMemoryCache):
-            raise TypeError(f"past_key_values must be an AtlasMemoryCache (from an earlier call of "
-                            f"this model), not {type(past_key_values).__name__}")
+        if given is not None and not isinstance(given, AtlasMemoryCache):
+            raise TypeError(f"{CACHE_NAME} must be an AtlasMemoryCache (from an earlier call of "
+                            f"this model), not {type(given).__name__}")
         if use_cache is None:
-            use_cache = past_key_values is not None
+            use_cache = given is not None
         cache = None
         if use_cache:
-            cache = past_key_values if past_key_values is not None else AtlasMemoryCache()
+            cache = given if given is not None else AtlasMemoryCache()
             logits, state = self.model.step(input_ids, cache.state)
             cache.update(state, input_ids.shape[1])
         else:
-            if past_key_values is not None:
-                raise ValueError("use_cache=False with a past_key_values cache: the ids would "
-                                 "restart the sequence; drop the cache or set use_cache=True")
+            if given is not None:
+                raise ValueError("use_cache=False with a cache: the ids would restart the "
+                                 "sequence; drop the cache or set use_cache=True")
             logits = self.model(input_ids)
         loss = None
         if labels is not None:
             shifted = logits[:, :-1].flatten(0, 1).float()
             loss = F.cross_entropy(shifted, labels[:, 1:].flatten().to(shifted.device), ignore_index=-100)
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_NAME: cache})
         return out if return_dict is not False else out.to_tuple()
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config: Any = None, **kwargs: Any):
@@ -194,24 +206,38 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.LongTensor,
-        past_key_values: AtlasMemoryCache | None = None,
+        next_sequence_length: int | None = None,
+        cache: AtlasMemoryCache | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = True,
+        past_key_values: AtlasMemoryCache | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Only the ids the cache has not consumed: the whole prompt first, then one token."""
+        """Only the ids the cache has not consumed: the whole prompt first, then one token.
+        The slice is counted from the cache itself (``next_sequence_length``, which newer
+        releases pass, is the same count there)."""
         if inputs_embeds is not None:
             raise ValueError("generate(inputs_embeds=...) is not supported: pass input_ids")
-        seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache = _one_cache(cache, past_key_values)
+        seen = cache.get_seq_length() if cache is not None else 0
         if use_cache is False:
             seen = 0
         inputs = {
             "input_ids": input_ids[:, seen:].contiguous(),
-            "past_key_values": past_key_values,
+            CACHE_NAME: cache,
             "attention_mask": attention_mask,
             "use_cache": use_cache,
         }
         if inputs["input_ids"].device != self.device and self.device.type != "meta":
             inputs["input_ids"] = inputs["input_ids"].to(self.device)
         return inputs
+
+
+def _one_cache(cache: Any, past_key_values: Any) -> Any:
+    """The cache given under either name (``cache`` in newer transformers, ``past_key_values``
+    in older ones); both at once is refused."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("both cache and past_key_values were given: pass the AtlasMemoryCache once "
+                         "(as cache, or past_key_values in transformers before 5.24)")
+    return cache if cache is not None else past_key_values

@@ -120,6 +120,37 @@ def test_unsupported_decoding_is_refused_with_a_reason(ckpt, tmp_path):
     second = model(ids[:, 2:], past_key_values=cache).logits
     assert cache.get_seq_length() == 3
     torch.testing.assert_close(torch.cat([first, second], 1), native(ids), rtol=0, atol=1e-5)
+    # the cache's newer keyword is the same thing; both at once is refused
+    again = AtlasMemoryCache()
+    model(ids[:, :2], cache=again, use_cache=True)
+    torch.testing.assert_close(model(ids[:, 2:], cache=again).logits, second, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="both cache and past_key_values"):
+        model(ids, cache=AtlasMemoryCache(), past_key_values=AtlasMemoryCache())
+
+
+def test_generate_continues_a_cache_it_is_given(ckpt):
+    """generate() with a cache that holds the prompt's state feeds only the new tokens and gives
+    the tokens of one generate() over the prompt."""
+    from atlas_core.hf import AtlasConfig, AtlasForCausalLM, AtlasMemoryCache
+    from atlas_core.hf.modeling import CACHE_NAME
+    from atlas_core.train.inference import open_checkpoint
+
+    c, native, _ = open_checkpoint(str(ckpt), "cpu")
+    model = AtlasForCausalLM(AtlasConfig.from_spec(c.spec), native=native).eval()
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    whole = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    cache = AtlasMemoryCache()
+    with torch.no_grad():
+        model(prompt[:, :3], cache=cache, use_cache=True)
+    fed = []
+    step = model.model.step
+    model.model.step = lambda ids, state=None: (fed.append(ids.shape[1]), step(ids, state))[1]
+    try:
+        out = model.generate(prompt, max_new_tokens=6, do_sample=False, **{CACHE_NAME: cache})
+    finally:
+        del model.model.step
+    assert torch.equal(out, whole)
+    assert fed == [1] * 6  # the prompt's last token, then one per step
 
 
 def test_config_refuses_a_spec_that_does_not_load():

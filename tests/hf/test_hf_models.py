@@ -77,8 +77,33 @@ def test_greedy_generate_equals_atlas_generate(exported):
     assert len(set(native)) > 1  # a sequence that could have gone wrong
 
 
-def test_generate_feeds_one_token_per_step_with_the_state_as_cache(exported):
+@pytest.fixture
+def transformers_log():
+    """Every record transformers logs during the test (its root logger does not propagate to
+    pytest's caplog), with its once-only warnings re-armed."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    hf_logging.warning_once.cache_clear()
+    root = hf_logging.get_logger()
+    handler = Keep(level=logging.DEBUG)
+    root.addHandler(handler)
+    try:
+        yield records
+    finally:
+        root.removeHandler(handler)
+
+
+def test_generate_feeds_one_token_per_step_with_the_state_as_cache(exported, recwarn, transformers_log):
     from atlas_core.hf import AtlasMemoryCache
+    from atlas_core.hf.modeling import CACHE_NAME
 
     _, _, _, hf = exported
     lengths = []
@@ -96,11 +121,14 @@ def test_generate_feeds_one_token_per_step_with_the_state_as_cache(exported):
         del hf.model.step
     # the prompt once, from no state; then one token per call, continuing the state
     assert lengths == [(len(PROMPT), True)] + [(1, False)] * (NEW - 1)
-    cache = res.past_key_values
+    cache = getattr(res, CACHE_NAME)
     assert isinstance(cache, AtlasMemoryCache)
     assert cache.get_seq_length() == len(PROMPT) + NEW - 1
     names = [n for n, _ in cache.tensors()]
     assert names and cache.nbytes() > 0
+    # no deprecation of the cache's name (a warning or transformers' own logged warning)
+    said = [str(w.message) for w in recwarn] + [r.getMessage() for r in transformers_log]
+    assert not [m for m in said if "deprecat" in m.lower()], said
 
 
 def test_batched_greedy_generate_equals_native_rows(exported):
