@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` integration (optional: ``pip install 'atlas-memory[hf]'``).
+"""Hugging Face ``transformers`` integration (optional: ``pip install 'atlas-ttm[hf]'``).
 
 - `AtlasConfig` (``model_type = "atlas_memory"``): the resolved spec and the text codec;
 - `AtlasForCausalLM`: any architecture built from the spec, a ``PreTrainedModel`` with

@@ -59,7 +59,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     except ImportError as exc:
         raise HFUnavailableError(
             f"exporting to Hugging Face needs transformers>=5 ({exc}); pip install "
-            "'atlas-memory[hf]' (or pip install 'transformers>=5')") from None
+            "'atlas-ttm[hf]' (or pip install 'transformers>=5')") from None
     from ..train.inference import _codec, open_checkpoint
 
     out = Path(out_dir).expanduser()

@@ -60,7 +60,7 @@ def _fire(module: str) -> None:
         warnings.warn(
             f"atlas_core: the Hugging Face classes were not registered with transformers ({exc}); "
             "AutoModelForCausalLM cannot open atlas checkpoints in this process. The integration "
-            "needs transformers>=5 (pip install 'atlas-memory[hf]').",
+            "needs transformers>=5 (pip install 'atlas-ttm[hf]').",
             RuntimeWarning, stacklevel=2,
         )
     if _done >= set(_ACTIONS):

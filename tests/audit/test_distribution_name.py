@@ -12,9 +12,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 NAME = "atlas-ttm"
 OLD = "atlas-memory"
-# The Hugging Face integration's install hints are rewritten with its port to the current
-# transformers (issue 25, item 1); until then its folders keep the old hint.
-PENDING = ("atlas_core/hf/", "tests/hf/")
 
 
 def _tracked_files() -> list[str]:
@@ -36,7 +33,7 @@ def test_the_distributions_are_named_atlas_ttm_and_atlas_miras():
 def test_no_tracked_file_names_the_unrelated_distribution():
     offenders = []
     for rel in _tracked_files():
-        if rel.startswith(PENDING) or rel == "tests/audit/test_distribution_name.py":
+        if rel == "tests/audit/test_distribution_name.py":
             continue
         path = REPO / rel
         if not path.is_file():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers "
-                    "(pip install 'atlas-memory[hf]')")
+                    "(pip install 'atlas-ttm[hf]')")
 
 import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402

@@ -35,7 +35,7 @@ def test_import_atlas_core_imports_neither_transformers_nor_torch():
 
 
 def test_registered_when_transformers_is_imported_first(tmp_path):
-    pytest.importorskip("transformers", reason="needs transformers (pip install 'atlas-memory[hf]')")
+    pytest.importorskip("transformers", reason="needs transformers (pip install 'atlas-ttm[hf]')")
     res = run("""
         from transformers import AutoConfig, AutoModelForCausalLM
         import atlas_core
@@ -85,4 +85,4 @@ def test_missing_transformers_leaves_atlas_core_working():
             print(type(exc).__name__, exc)
     """)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("HFUnavailableError") and "pip install 'atlas-memory[hf]'" in res.stdout
+    assert res.stdout.startswith("HFUnavailableError") and "pip install 'atlas-ttm[hf]'" in res.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers "
-                    "(pip install 'atlas-memory[hf]')")
+                    "(pip install 'atlas-ttm[hf]')")
 
 import torch  # noqa: E402
 
