@@ -64,16 +64,18 @@ def make_leaves(rule, T: int, seed: int = 0, d: int = D) -> dict[str, torch.Tens
     return {k: v if k.startswith("state.anchor.") else v.requires_grad_(True) for k, v in leaves.items()}
 
 
-def run(rule, leaves, *, chunk_size: int, backend: str, dtype=torch.float64, seed: int = 1):
-    """y, final state and the gradients (float64) of a fixed functional, through ``backend``
-    (``"sequential"``: the rule's reference loop, ``core:sequential``)."""
-    cast = {k: v.to(dtype) for k, v in leaves.items()}
+def run(rule, leaves, *, chunk_size: int, backend: str, dtype=torch.float64, seed: int = 1,
+        device: str = "cpu"):
+    """y, final state and the gradients (float64, on the CPU) of a fixed functional, through
+    ``backend`` (``"sequential"``: the rule's reference loop, ``core:sequential``) on ``device``."""
+    cast = {k: v.to(device=device, dtype=dtype) for k, v in leaves.items()}
     gates = {n: cast[n] for n in rule.gate_names}
     state = {k[len("state."):]: v for k, v in cast.items() if k.startswith("state.")}
     strategy = ("core:sequential" if backend == "sequential" else
                 {"use": "core:chunkwise", "chunk_size": chunk_size, "backend": backend})
     y, final = rule(cast["q"], cast["k"], cast["v"], gates=gates, state=state, strategy=strategy)
     g = torch.Generator().manual_seed(seed)
+    y, final = y.cpu(), {k: v.cpu() for k, v in final.items()}
     loss = (y.double() * torch.randn(y.shape, generator=g, dtype=torch.float64)).sum()
     for key in sorted(final):
         w = torch.randn(final[key].shape, generator=g, dtype=torch.float64)
