@@ -31,6 +31,11 @@ Two paths:
   gradients, the algorithm's `chunk` recurrence, and per-token reads — an O(C |W|) transient per
   chunk, never O(T |W|).
 
+Training memory (`recompute`, docs/math.md "Training memory of the chunked strategies"): the
+chunks form a scan whose carry is the state at a chunk boundary. With ``checkpoint`` (default: on
+for the per-token path) each chunk is recomputed in the backward pass from its boundary state, so
+only the boundary states stay saved; when those would exceed ``memory_budget_mib`` they are kept
+only every ceil(sqrt(N)) chunks and each segment is recomputed in turn. Identical results.
 """
 
 from __future__ import annotations
@@ -44,12 +49,14 @@ from ..spec.bounds import size_field
 
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
-from . import dot_chunk
+from . import dot_chunk, recompute
 from .base import Strategy
 from .decay import decay_matrix, safe_log
 
 
 MAX_DEFAULT_CHUNK = 64
+#: default `ChunkwiseParams.memory_budget_mib`: chunk-boundary states kept before segments are used
+DEFAULT_BUDGET_MIB = 1024.0
 
 
 class ChunkwiseParams(Params):
@@ -58,6 +65,18 @@ class ChunkwiseParams(Params):
     )
     backend: str | None = Field(
         None, description="force a kernel backend by name, or 'torch' for the PyTorch code"
+    )
+    checkpoint: bool | None = Field(
+        None, description="recompute each chunk in the backward pass from the state at its start "
+        "instead of keeping its intermediates (identical results; one more forward per chunk); "
+        "default: on where a chunk forms per-token weights (Muon, deep memory without the dual "
+        "form), off elsewhere",
+    )
+    memory_budget_mib: float | None = Field(
+        DEFAULT_BUDGET_MIB, gt=0, description="when the chunk-boundary states kept for the "
+        "backward pass would exceed this many MiB, keep them only every ceil(sqrt(N)) chunks and "
+        "recompute each segment in the backward pass (identical results; one more forward per "
+        "chunk); null: keep every chunk boundary",
     )
 
 
@@ -337,29 +356,67 @@ class Chunkwise(Strategy):
         if per_key:
             w_c = (p.gates["theta"] * xg * lag[0]).split(C, dim=2)  # token weights [B, H, n]
         pos = rule.position(p) if A > 1 else 0
-        anchor = rule.anchor_weights(p, W) if A > 1 else W
-        ys = []
-        for i in range(-(-T // C)):  # no chunk at all when T = 0
-            if (pos + i * C) % A == 0:  # a chunk that opens an anchor block
+        carry = {f"W.{k}": w for k, w in W.items()} | {f"opt.{k}": z for k, z in opt.items()}
+        if A > 1:  # the anchor memory is carried while a block spans chunks
+            carry |= {f"anchor.{k}": w for k, w in rule.anchor_weights(p, W).items()}
+        N = -(-T // C)  # no chunk at all when T = 0
+        inputs = []
+        for i in range(N):
+            inp = {"xe": xk_c[i], "ve": xv_c[i], "psi": psi_c[i]}  # xe, ve: [B, H, n + c - 1, .]
+            inp |= {f"k.{name}": x[i] for name, x in kern.items()}
+            if per_key:
+                inp |= {"alpha": alpha_c[i], "w": w_c[i]}
+            elif not (fast or dual):
+                inp |= {"alpha": alpha_c[i]} | {f"g.{k}": g[i] for k, g in gates_c.items()}
+            inputs.append(inp)
+
+        def body(i, carry, inp):
+            W = {k[2:]: x for k, x in carry.items() if k.startswith("W.")}
+            opt = {k[4:]: x for k, x in carry.items() if k.startswith("opt.")}
+            if A > 1 and (pos + i * C) % A:  # inside a block: the carried anchor
+                anchor = {k[7:]: x for k, x in carry.items() if k.startswith("anchor.")}
+            else:  # a chunk that opens an anchor block
                 anchor = W
-            xe, ve = xk_c[i], xv_c[i]  # [B, H, n + c - 1, .]
-            k_i = {name: x[i] for name, x in kern.items()}
+            xe, ve, psi = inp["xe"], inp["ve"], inp["psi"]
+            k_i = {name[2:]: x for name, x in inp.items() if name.startswith("k.")}
             if dual:  # the anchored errors come out of the structure's own forward
-                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, k_i, psi_c[i], anchor)
+                y, W, opt = self._dual_chunk(rule, W, opt, xe, ve, k_i, psi, anchor)
             else:
                 U = rule.bias.error(S.read(anchor, xe), ve)  # anchored error derivatives [B, H, m, Dv]
                 if per_key:
-                    y, W = _key_linear_chunk(rule, W["M"], xe, U, psi_c[i], alpha_c[i], w_c[i])
+                    y, W = _key_linear_chunk(rule, W["M"], xe, U, psi, inp["alpha"], inp["w"])
                 elif fast:
-                    y, W, opt = self._linear_chunk(rule, W, opt, xe, U, k_i, psi_c[i])
+                    y, W, opt = self._linear_chunk(rule, W, opt, xe, U, k_i, psi)
                 else:
-                    gates = {k: g[i] for k, g in gates_c.items()}
+                    gates = {name[2:]: x for name, x in inp.items() if name.startswith("g.")}
                     y, W, opt = self._generic_chunk(rule, W, opt, xe, U, k_i["Wm"], k_i["L"],
-                                                    k_i["A"], gates, psi_c[i], alpha_c[i], anchor)
-            ys.append(y)
+                                                    k_i["A"], gates, psi, inp["alpha"], anchor)
+            out = {f"W.{k}": w for k, w in W.items()} | {f"opt.{k}": z for k, z in opt.items()}
+            if A > 1 and (i + 1 == N or (pos + (i + 1) * C) % A):  # read by the next chunk or
+                out |= {f"anchor.{k}": w for k, w in anchor.items()}  # the final state only
+            return y, out
+
+        per_chunk = self.recompute_chunks(rule, generic=not (fast or dual or per_key))
+        segment = recompute.segment_size(N, recompute.carry_bytes(carry), self.memory_budget_mib)
+        ys, carry = recompute.scan(body, carry, inputs, per_chunk=per_chunk, segment=segment,
+                                   params=list(rule.parameters()))
+        W = {k[2:]: x for k, x in carry.items() if k.startswith("W.")}
+        opt = {k[4:]: x for k, x in carry.items() if k.startswith("opt.")}
+        anchor = {k[7:]: x for k, x in carry.items() if k.startswith("anchor.")}
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         anchored = rule.anchor_state(p, anchor, W) if A > 1 else None
         return y, rule._final_state(W, opt, xk, xv, xg, anchored)
+
+    def recompute_chunks(self, rule, generic: bool) -> bool:
+        """Whether each chunk is recomputed in the backward pass (`recompute.scan`): the
+        ``checkpoint`` param, by default on where a chunk forms per-token weights (``generic``:
+        Muon, a deep memory without the dual form), whose intermediates are O(C |W|) per chunk."""
+        flag = self.params.checkpoint
+        return generic if flag is None else bool(flag)
+
+    @property
+    def memory_budget_mib(self) -> float | None:
+        return self.params.memory_budget_mib
 
     def _linear_chunk(self, rule, W, opt, xe, U, kern, psi):
         M0 = W["M"]  # (B, H, Dv, Dphi)

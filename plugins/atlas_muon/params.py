@@ -56,8 +56,16 @@ class AtlasParallelParams(Params):
     checkpoint: bool = Field(
         True,
         description="recompute each chunk in the backward pass instead of keeping its per-token "
-        "momenta and Newton-Schulz iterates: training memory O((T/C) d^2 + C d^2) instead of "
-        "O(T k d^2); the results are identical",
+        "momenta and Newton-Schulz iterates: training memory O((T/C) |W| + C k |W|) instead of "
+        "O(T k |W|); the results are identical",
+    )
+    # the same default as core:chunkwise's (atlas_core.strategies.chunkwise.DEFAULT_BUDGET_MIB,
+    # not imported: this module stays free of torch)
+    memory_budget_mib: float | None = Field(
+        1024.0, gt=0, description="when the chunk-boundary states kept for the backward pass "
+        "would exceed this many MiB, keep them only every ceil(sqrt(T/C)) chunks and recompute "
+        "each segment in the backward pass: O(sqrt(T/C) |W|) (identical results; one more "
+        "forward per chunk); null: keep every chunk boundary",
     )
     backend: str | None = Field(
         None, description="force a kernel backend by name, or 'torch' for the PyTorch code"
