@@ -483,7 +483,7 @@ class ComposedRule(Rule):
         S, c, A = self.structure, self.window, self.anchor
         W = {k: p.state[k] for k in S.weight_shapes()}
         opt = {k: p.state[k] for k in self.algorithm.init_opt(W)}
-        xk, xv, xg = self._extended(p)
+        xk, xv, xg = self.extended_inputs(p)
         lag = self.bias.lag_weights(p.v.dtype, p.v.device).flip(0)  # oldest .. newest
         # Per-token pieces are cut once (unbind / unfold), not sliced inside the loop: the backward
         # of a slice writes a zero gradient as long as the whole sequence, T of them cost O(T^2).
@@ -523,10 +523,12 @@ class ComposedRule(Rule):
             if self.read == "after":
                 ys.append(S.read(W, psi_t[t]))
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
-        return y, self._final_state(W, opt, xk, xv, xg, self.anchor_state(p, anchor, W))
+        return y, self.final_state(W, opt, xk, xv, xg, self.anchor_state(p, anchor, W))
 
-    def _extended(self, p: MemoryInputs):
-        """Inputs with the carried window prepended: [B, H, (c-1) + T, ...]."""
+    # -- for strategies (public: docs/plugins.md#the-rule-methods-a-strategy-may-call) -------------
+    def extended_inputs(self, p: MemoryInputs):
+        """``(phi(k), v, gamma)`` with the carried window (the state's last c - 1 inputs of a
+        windowed bias) prepended: ``[B, H, (c-1) + T, ...]``; the call's own for c = 1."""
         if self.window == 1:
             return p.phik, p.v, p.gamma
         st = p.state
@@ -536,9 +538,10 @@ class ComposedRule(Rule):
             torch.cat([st["window.gamma"], p.gamma], dim=2),
         )
 
-    def _final_state(self, W, opt, xk, xv, xg, anchored: dict | None = None) -> dict:
-        """The state after a call: weights, optimiser state, the last c - 1 window inputs and,
-        for an anchored rule, ``anchored`` (from `anchor_state`)."""
+    def final_state(self, W, opt, xk, xv, xg, anchored: dict | None = None) -> dict:
+        """The state after a call: weights ``W``, optimiser state ``opt``, the last c - 1 window
+        inputs of ``(xk, xv, xg)`` (from `extended_inputs`) and, for an anchored rule,
+        ``anchored`` (from `anchor_state`)."""
         if self.anchor > 1 and anchored is None:
             raise RuntimeError("an anchored rule's final state needs its anchor entries (anchor_state)")
         state = dict(W)
@@ -550,6 +553,10 @@ class ComposedRule(Rule):
             state["window.v"] = xv[:, :, -(c - 1) :]
             state["window.gamma"] = xg[:, :, -(c - 1) :]
         return state
+
+    # the names these methods had before they were public (plugins may still call them)
+    _extended = extended_inputs
+    _final_state = final_state
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.spec.items())

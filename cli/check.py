@@ -3,10 +3,13 @@
     atlas check titans                 # every component of the titans plugin
     atlas check miras:lp               # one component (its declared cases, or default params)
     atlas check core --check check_causal --format json
+    atlas check zoo:deltanet --strategy acme   # compare under acme's strategies, not the bundled
     atlas check --list                 # the check catalogue
 
-Prints a table of passed / failed / xfail / skipped checks with the reason of each, and exits 1
-when any check failed. An unknown namespace or component is one line with a suggestion (exit 1);
+Prints a table of passed / failed / xfail / skipped checks with the reason of each (for a passed
+check: the strategies and variants it compared, and its warnings), and exits 1 when any check
+failed. Rules and knobs are compared under the bundled strategies (``--strategy`` chooses others);
+a failure under a third-party strategy is marked as that strategy's. An unknown namespace or component is one line with a suggestion (exit 1);
 a plugin that failed to import fails its checks with that error (plugins are loaded strictly).
 The same checks run under pytest through `atlas_core.testing.parametrize_with_checks`.
 
@@ -21,7 +24,8 @@ import typer
 
 from .common import Failed, FormatOption, emit, examples, log, out_console
 
-EPILOG = examples("atlas check titans", "atlas check miras:lp --format json", "atlas check --list")
+EPILOG = examples("atlas check titans", "atlas check miras:lp --format json",
+                  "atlas check zoo:deltanet --strategy acme", "atlas check --list")
 STYLE = {"passed": "green", "failed": "red", "xfail": "yellow", "xpass": "yellow", "skipped": "cyan"}
 
 
@@ -59,8 +63,14 @@ def _human(data: dict[str, Any]) -> None:
         table.add_column(col, overflow="fold")
     for r in data["results"]:
         detail = r["message"] if r["status"] in ("failed", "xfail") else r["reason"]
+        notes = "; ".join(r.get("notes") or ())
+        if r["status"] not in ("failed", "xfail") and notes:
+            detail = f"{detail}; {notes}" if detail else notes
         style = STYLE.get(r["status"], "")
-        table.add_row(escape(r["case"]), r["check"], f"[{style}]{r['status']}[/]", escape(detail or ""))
+        status = r["status"]
+        if r.get("blame") and r["blame"] != r["case"]:  # a third-party strategy's failure
+            status += f" ({r['blame']}'s)"
+        table.add_row(escape(r["case"]), r["check"], f"[{style}]{escape(status)}[/]", escape(detail or ""))
     con = out_console()
     con.print(table)
     c = data["counts"]
@@ -93,6 +103,10 @@ def check(
     device: Annotated[Optional[str], typer.Option(help="device of the checks, e.g. cpu or cuda")] = None,
     dtype: Annotated[Optional[str], typer.Option(
         help="dtype of the equivalence checks: float64 (default) or float32")] = None,
+    strategies: Annotated[Optional[list[str]], typer.Option(
+        "--strategy", help="compare rules and knobs under these strategies (names or namespaces, "
+        "repeatable) instead of the bundled ones; e.g. --strategy acme to certify acme's strategies "
+        "on a bundled rule")] = None,
     list_checks: Annotated[bool, typer.Option("--list", help="list the check catalogue and exit")] = False,
     fmt: FormatOption = None,
 ) -> None:
@@ -108,7 +122,7 @@ def check(
     from atlas_core.errors import did_you_mean
     from atlas_core.testing import cases_for_target, catalogue, configure, run_cases
 
-    configure(device=device, dtype=dtype)
+    configure(device=device, dtype=dtype, strategies=strategies or ())  # () resets an earlier choice
     if only:
         known = catalogue()
         for name in only:

@@ -108,6 +108,22 @@ _CORPUS_SPEC = textwrap.dedent("""\
     eval_batches = 1
 """)
 
+# docs/plugins.md's strategy example "installed" in the sandbox: its python blocks that start
+# with "# src/atlas_acme_chunks/<file>.py" become that package, with a dist-info naming the entry
+# point (`atlas check acme_chunks` in the doc then certifies it)
+_INSTALL_STRATEGY_EXAMPLE = (
+    "import pathlib, re\n"
+    "doc = pathlib.Path('docs/plugins.md').read_text()\n"
+    "blocks = re.findall(r'```python\\n# src/atlas_acme_chunks/(\\w+\\.py)\\n(.*?)```', doc, re.S)\n"
+    "assert len(blocks) == 2, [b[0] for b in blocks]\n"
+    "pkg = pathlib.Path('atlas_acme_chunks'); pkg.mkdir()\n"
+    "(pkg / '__init__.py').write_text('')\n"
+    "for name, code in blocks: (pkg / name).write_text(code)\n"
+    "info = pathlib.Path('atlas_acme_chunks-0.1.0.dist-info'); info.mkdir()\n"
+    "(info / 'METADATA').write_text('Metadata-Version: 2.1\\nName: atlas-acme-chunks\\nVersion: 0.1.0\\n')\n"
+    "(info / 'entry_points.txt').write_text('[atlas_core.plugins]\\nacme_chunks = atlas_acme_chunks.plugin\\n')\n"
+)
+
 SETUP: dict[str, list[str]] = {
     # README's Python example trains runs/mqar-small before `atlas export-hf` reads it
     "README.md": ["atlas train examples/mqar_default.toml --steps 2 --out runs/mqar-small"],
@@ -117,6 +133,8 @@ SETUP: dict[str, list[str]] = {
                      "atlas tokenizer train corpus.jsonl --vocab-size 300 --out setup-tok.json",
                      f"write corpus.toml {shlex.quote(_CORPUS_SPEC)}",
                      "atlas train corpus.toml --steps 2 --out runs/corpus"],
+    # the strategy example of "Writing a strategy", which the doc's `atlas check` lines certify
+    "docs/plugins.md": [f"python -c {shlex.quote(_INSTALL_STRATEGY_EXAMPLE)}"],
     # the runs the Hugging Face guide exports
     "docs/huggingface.md": [
         "atlas train examples/text_char.toml --steps 2 --out runs/text-char",

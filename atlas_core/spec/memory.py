@@ -12,8 +12,9 @@ Resolution writes every component as ``{"use": "ns:name", **every param with its
   as the same preset with explicit overrides);
 - a standalone rule (e.g. the MRU): ``{"use": rule, **params}``;
 - ``parallel``: absent means ``"auto"``; ``"auto"`` is resolved to the strategy the dispatcher
-  picks for this rule now (the highest-priority strategy that supports it, e.g. ``core:chunkwise``
-  for composed rules, ``mru:brent_kung`` for the MRU), so a saved spec rebuilds the same
+  picks for this rule now (the highest-priority bundled strategy that supports it, e.g.
+  ``core:chunkwise`` for composed rules, ``mru:brent_kung`` for the MRU, or a third-party one the
+  spec allows with ``{ use = "auto", allow = ["ns"] }``: `atlas_core.strategies.trust`), so a saved spec rebuilds the same
   computation even after other plugins are installed. A model trained from a spec therefore uses
   a parallel form by default; write ``parallel = "core:sequential"`` for the reference loop.
 
@@ -84,13 +85,20 @@ def _canonical_rule(rule: Any, reg: Registry) -> dict[str, Any]:
 
 def _resolve_parallel(value: Any, rule: Any, reg: Registry, issues: list[Issue]) -> Any:
     path = "memory.parallel"
-    if value == "auto":
+    from ..strategies.trust import auto_allow, is_auto
+
+    if is_auto(value):  # "auto" or { use = "auto", allow = [...] } (strategies/trust.py)
+        try:
+            allow = auto_allow(value, path)
+        except SpecError as exc:
+            issues.extend(exc.issues)
+            return None
         if rule is None:
             return None  # the rule has errors; they are reported already
         from ..strategies.base import auto_strategy
 
         try:
-            chosen = auto_strategy(rule, reg)
+            chosen = auto_strategy(rule, reg, allow=allow)
         except (AtlasError, ValueError) as exc:
             issues.append(Issue(path, f"no strategy can run this rule: {exc}", value))
             return None

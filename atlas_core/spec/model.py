@@ -74,9 +74,12 @@ class Spec(BaseModel):
 
     def to_toml(self) -> str:
         """The resolved spec as TOML; ``load_spec(spec.to_toml()) == spec``."""
+        from ..strategies.trust import parallel_note
         from .toml_io import dumps
 
-        return f"# resolved spec, spec_hash = {self.spec_hash}\n" + dumps(self.to_dict())
+        note = parallel_note(self.memory.get("parallel"))  # the strategy and its distribution
+        head = f"# resolved spec, spec_hash = {self.spec_hash}\n" + (f"# {note}\n" if note else "")
+        return head + dumps(self.to_dict())
 
     @property
     def spec_hash(self) -> str:

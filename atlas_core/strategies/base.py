@@ -8,8 +8,10 @@ A strategy says how a rule runs over time. It declares what it can run through
 Dispatch (`resolve_strategy`):
 - a strategy named explicitly (``"core:chunkwise"`` or ``{"use": "core:chunkwise", "chunk_size":
   64}``) that refuses the rule is an error that gives its reason;
-- ``"auto"`` takes the highest-priority registered strategy that supports the rule, falling back to
-  ``core:sequential``; the reasons others were passed over are logged at debug level.
+- ``"auto"`` (or ``{"use": "auto", "allow": [...]}``) takes the highest-priority strategy that
+  supports the rule among the bundled ones and the third-party ones the user allowed
+  (`atlas_core.strategies.trust`), falling back to ``core:sequential``; the reasons others were
+  passed over are logged at debug level.
 """
 
 from __future__ import annotations
@@ -78,10 +80,12 @@ def build_strategy(value: Any, registry=None) -> Strategy:
 
 def resolve_strategy(rule, value: Any = "auto", registry=None) -> Strategy:
     """The strategy that will run ``rule`` (see module docstring)."""
+    from .trust import auto_allow, is_auto
+
     if isinstance(value, Strategy):
         strat = value
-    elif value in (None, "auto"):
-        return auto_strategy(rule, registry)
+    elif is_auto(value):
+        return auto_strategy(rule, registry, allow=auto_allow(value))
     else:
         strat = build_strategy(value, registry)
     ok, reason = strat.supports(rule)
@@ -92,13 +96,23 @@ def resolve_strategy(rule, value: Any = "auto", registry=None) -> Strategy:
     return strat
 
 
-def auto_strategy(rule, registry=None) -> Strategy:
+def auto_strategy(rule, registry=None, allow=()) -> Strategy:
+    """The strategy ``"auto"`` runs ``rule`` with: the highest-priority bundled or allowed
+    (``allow``, or the environment's `trust.ALLOW_ENV`) strategy that supports it."""
+    from .trust import allowed, announce, env_allowed
+
     reg = registry or _registry()
+    names = set(allow) | env_allowed()
     comps = sorted(reg.all("strategy"), key=lambda c: (-c.priority, c.name))
     for comp in comps:
+        if not allowed(comp, names):
+            log.debug("strategy %s passed over: a third-party strategy that is not allowed (add %r to "
+                      "parallel.allow or ATLAS_ALLOW_STRATEGIES)", comp.name, comp.namespace)
+            continue
         strat = reg.build("strategy", comp.name)
         ok, reason = strat.supports(rule)
         if ok:
+            announce(comp, allow)
             return strat.bind(reg)
         log.debug("strategy %s passed over: %s", comp.name, reason)
     return build_strategy("core:sequential", reg).bind(reg)

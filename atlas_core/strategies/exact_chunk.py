@@ -223,10 +223,10 @@ class ExactChunk(Strategy):
         mom = rule.algorithm.linear_form == "momentum"
         S = p.state["M"]  # [B, H, Dv, Dk]
         Dv, Dk = S.shape[-2:]
-        xk, xv, xg = rule._extended(p)  # the carried window first: [B, H, c - 1 + T, .]
+        xk, xv, xg = rule.extended_inputs(p)  # the carried window first: [B, H, c - 1 + T, .]
         if T == 0:
             opt = {"Z.M": p.state["Z.M"]} if mom else {}
-            return p.v.new_zeros(B, H, 0, Dv), rule._final_state({"M": S}, opt, xk, xv, xg)
+            return p.v.new_zeros(B, H, 0, Dv), rule.final_state({"M": S}, opt, xk, xv, xg)
         N = -(-T // C)
         pad = N * C - T  # whole chunks: a padded token has k = 0, v = 0, theta = 0, alpha = eta = 1
         last = C - 1 - pad  # the last chunk's last real token: the final state is taken there
@@ -311,7 +311,7 @@ class ExactChunk(Strategy):
             W, opt = {"M": SZ[..., :Dk].contiguous()}, {"Z.M": SZ[..., Dk:].contiguous()}
         else:
             W, opt = {"M": SZ.contiguous()}, {}
-        return y, rule._final_state(W, opt, xk, xv, xg)
+        return y, rule.final_state(W, opt, xk, xv, xg)
 
     @staticmethod
     def _window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad):

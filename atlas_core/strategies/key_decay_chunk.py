@@ -176,7 +176,7 @@ def run_key_decay(rule, p, chunk_size: int):
     S = p.state["M"]  # [B, H, Dv, Dk]
     Dv, Dk = S.shape[-2:]
     if T == 0:
-        return p.v.new_zeros(B, H, 0, Dv), rule._final_state({"M": S}, {}, p.phik, p.v, p.gamma)
+        return p.v.new_zeros(B, H, 0, Dv), rule.final_state({"M": S}, {}, p.phik, p.v, p.gamma)
     C = max(1, min(chunk_size, T))
     N = -(-T // C)
     pad = N * C - T  # padded tokens: k = q = v = 0, w = 0, alpha = 1 (they change nothing)
@@ -221,4 +221,4 @@ def run_key_decay(rule, p, chunk_size: int):
     if pad:
         y = y[:, :, :T]
     M = St.transpose(-1, -2).unflatten(0, (B, H)).contiguous()
-    return y, rule._final_state({"M": M}, {}, p.phik, p.v, p.gamma)
+    return y, rule.final_state({"M": M}, {}, p.phik, p.v, p.gamma)

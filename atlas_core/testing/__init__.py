@@ -7,6 +7,7 @@
         check(component)
 
 - `Case` names a component (and its params, and the composition a knob is tested in);
+  `strategy_cases(name)` one case of a strategy per bundled rule preset;
 - `parametrize_with_checks` makes one pytest test per applicable check;
 - `check_component(case, on_fail="raise" | "collect")` runs them without pytest
   (`atlas check` is built on it) and returns `CheckResult`s;
@@ -24,6 +25,7 @@ from typing import Any
 _LAZY = {
     "Case": "atlas_core.testing.cases:Case",
     "DEFAULT_COMPOSITION": "atlas_core.testing.cases:DEFAULT_COMPOSITION",
+    "strategy_cases": "atlas_core.testing.cases:strategy_cases",
     "CheckResult": "atlas_core.testing.results:CheckResult",
     "CheckFailed": "atlas_core.testing.results:CheckFailed",
     "Check": "atlas_core.testing.results:Check",

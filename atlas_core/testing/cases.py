@@ -126,3 +126,17 @@ def declared_cases(component: Any) -> list[Case]:
         entry.setdefault("kind", component.kind)
         out.append(Case(component.name, **entry))
     return out
+
+
+def strategy_cases(name: str, params: Mapping[str, Any] | None = None,
+                   rules: Sequence[Any] | None = None) -> list[Case]:
+    """One `Case` of the strategy ``name`` per rule it is certified on: ``rules`` (preset names
+    or rule specs), by default the default composition and every bundled rule preset. A rule the
+    strategy refuses gets its strategy checks skipped with the refusal, not failed."""
+    if rules is None:
+        from atlas_core.host.manager import get_registry
+        from atlas_core.strategies.trust import bundled
+
+        presets = [c.name for c in get_registry().all("rule") if "preset" in c.capabilities and bundled(c)]
+        rules = [DEFAULT_COMPOSITION, *presets]
+    return [Case(name, params=dict(params or {}), rule=r, kind="strategy") for r in rules]

@@ -48,6 +48,7 @@ def _not_reference(subject) -> bool:
 def _compared_variants(subject, rule) -> list[Variant]:
     variants, left = subject.variants(rule)
     left = [r if len(r) <= 110 else r[:107] + "..." for r in left]
+    subject.note_compared(variants, left)
     if not variants:
         if subject.kind == "strategy":
             raise Skip(f"{subject.name} does not run this rule: " + "; ".join(left))
@@ -141,7 +142,9 @@ def check_split_calls(subject) -> None:
     if subject.kind == "strategy":
         variants = [SEQUENTIAL] if subject.name == "core:sequential" else _compared_variants(subject, rule)
     else:
-        variants = [SEQUENTIAL] + subject.variants(rule)[0]
+        found, left = subject.variants(rule)
+        variants = [SEQUENTIAL] + found
+        subject.note_compared(found, left)
     T = subject.sizes()["T"]
     for variant in variants:
         warm = subject.warm_state(rule, variant)

@@ -27,6 +27,11 @@ def pytest_addoption(parser) -> None:
         "--atlas-dtype", action="store", default=None, choices=("float64", "float32"),
         help="dtype of the kit's equivalence checks (default: float64; float32 loosens tolerances)",
     )
+    group.addoption(
+        "--atlas-strategies", action="store", default=None, metavar="NAMES",
+        help="compare rules and knobs under these strategies (comma-separated names or namespaces) "
+             "instead of the bundled ones",
+    )
 
 
 def pytest_configure(config) -> None:
@@ -36,10 +41,11 @@ def pytest_configure(config) -> None:
     )
     device = config.getoption("atlas_device", default=None)
     dtype = config.getoption("atlas_dtype", default=None)
-    if device or dtype:
+    strategies = config.getoption("atlas_strategies", default=None)
+    if device or dtype or strategies:
         from .config import configure
 
-        configure(device=device, dtype=dtype)
+        configure(device=device, dtype=dtype, strategies=strategies)
 
 
 def installed_plugins() -> list[tuple[str, str, str]]:

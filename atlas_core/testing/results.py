@@ -120,6 +120,12 @@ class CheckResult:
     message: str = ""
     reason: str = ""
     seconds: float = 0.0
+    #: the strategy a failure arose under ("" for core:sequential or none)
+    strategy: str = ""
+    #: whose failure it is: the case's component, or a third-party strategy it ran under
+    blame: str = ""
+    #: what the check compared (strategies and variants) and its warnings
+    notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +135,9 @@ class CheckResult:
             "message": self.message,
             "reason": self.reason,
             "seconds": round(self.seconds, 4),
+            "strategy": self.strategy,
+            "blame": self.blame,
+            "notes": list(self.notes),
         }
 
 

@@ -79,33 +79,74 @@ def _one_thread():
 
 
 def run_one(check: Check, subject, expected: Mapping[str, str] | None = None) -> CheckResult:
-    """Run one check; failures and skips become results (a crash inside a check is a failure)."""
+    """Run one check; failures and skips become results (a crash inside a check is a failure).
+    A failure under a third-party strategy (not the case's own) is reported as that strategy's."""
     t0 = time.perf_counter()
     reason = (expected or {}).get(check.name)
+    subject.notes = []
+    subject.running = None
+    status = "xfail" if reason else "failed"
     try:
         with _one_thread():
             check.fn(subject)
     except Exception as exc:  # noqa: BLE001 - a component that crashes fails the check, with the error
+        notes = tuple(subject.notes)
         outcome = getattr(exc, "atlas_check_outcome", None)
         if outcome == "skip":
             return CheckResult(check.name, subject.id, "skipped", reason=exc.reason,
-                               seconds=time.perf_counter() - t0)
+                               seconds=time.perf_counter() - t0, notes=notes)
         if outcome == "fail":
-            status = "xfail" if reason else "failed"
-            return CheckResult(check.name, subject.id, status, check.message(exc, subject), reason or "",
-                               time.perf_counter() - t0)
-        import traceback
+            title = exc.numbers.get("strategy") or _title(subject)
+            msg = check.message(exc, subject)
+        else:
+            import traceback
 
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-        # a dtype slip found by check_dtype_follows_inputs is the likely cause of a crash in torch
-        cause = getattr(subject, "dtype_problem", None)
-        because = f" (likely because {cause}: see check_dtype_follows_inputs)" if cause else ""
-        msg = check.message(Failure(f"raised {type(exc).__name__}: {exc}{where}{because}"), subject)
-        status = "xfail" if reason else "failed"
-        return CheckResult(check.name, subject.id, status, msg, reason or "", time.perf_counter() - t0)
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+            # a dtype slip found by check_dtype_follows_inputs is the likely cause of a crash in torch
+            cause = getattr(subject, "dtype_problem", None)
+            because = f" (likely because {cause}: see check_dtype_follows_inputs)" if cause else ""
+            msg = check.message(Failure(f"raised {type(exc).__name__}: {exc}{where}{because}"), subject)
+            title = _title(subject)
+        strategy = _strategy_of(title)
+        blame, msg = _blame(subject, strategy, msg)
+        return CheckResult(check.name, subject.id, status, msg, reason or "", time.perf_counter() - t0,
+                           strategy=strategy, blame=blame, notes=notes)
     status = "xpass" if reason else "passed"
-    return CheckResult(check.name, subject.id, status, reason=reason or "", seconds=time.perf_counter() - t0)
+    return CheckResult(check.name, subject.id, status, reason=reason or "", seconds=time.perf_counter() - t0,
+                       notes=tuple(subject.notes))
+
+
+def _title(subject) -> str:
+    running = getattr(subject, "running", None)
+    return running.title if running is not None else ""
+
+
+def _strategy_of(title: Any) -> str:
+    """``acme:fast(chunk_size=3) on the rule with anchor = 6`` -> ``acme:fast``."""
+    if not isinstance(title, str) or ":" not in title:
+        return ""
+    name = title.split(" ", 1)[0].split("(", 1)[0].split("[", 1)[0]
+    return "" if name == "core:sequential" else name
+
+
+def _blame(subject, strategy: str, msg: str) -> tuple[str, str]:
+    """(whose failure it is, the message): a third-party strategy that is not the case's own
+    component (nor of its namespace) takes the blame, and the message says so first."""
+    if not strategy or strategy == subject.name or getattr(subject, "registry", None) is None:
+        return subject.id, msg
+    try:
+        comp = subject.registry.get("strategy", strategy)
+    except Exception:  # noqa: BLE001 - not a registered strategy: nobody else to blame
+        return subject.id, msg
+    from atlas_core.strategies.trust import bundled, describe
+
+    if bundled(comp) or comp.namespace == subject.name.split(":", 1)[0]:
+        return subject.id, msg
+    return comp.name, (f"the third-party strategy {describe(comp)} fails this check on {subject.id}, "
+                       f"where core:sequential is the reference: the failure is the strategy's, not "
+                       f"{subject.name}'s (a third-party strategy is certified by its own package's "
+                       f"checks; see docs/plugins.md#writing-a-strategy). {msg}")
 
 
 def warn_unmatched(expected: Mapping[str, str], selected: Iterable[str]) -> list[str]:

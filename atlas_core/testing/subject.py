@@ -8,7 +8,8 @@ For components that run (rules, knobs, strategies, backends) the subject knows
 - the rule spec it is tested in (`rule_spec`) and how to build it (`build_rule`, seeded);
 - how to make calls (`inputs`) and run them through a strategy or through ``core:sequential``
   (`run`);
-- the strategy *variants* to compare with ``core:sequential``: each supporting strategy, and for
+- the strategy *variants* to compare with ``core:sequential``: each supporting strategy (the
+  bundled ones, or those chosen in the kit's config: `compared_strategies`), and for
   strategies with a ``chunk_size`` param chunk size 1 on the rule as given, and chunk size
   `CHUNK` (3) on the rule as given when the strategy accepts it there, else on the same rule
   rebuilt with ``anchor = 2 * CHUNK`` (seeded identically). A variant carries the anchor it needs
@@ -298,6 +299,7 @@ class Subject:
         from . import inputs as I
 
         kwargs = I.unflatten(flat)
+        self.running = None if reference or variant is SEQUENTIAL else variant  # whom a crash blames
         target = self.rule_for(rule, variant)
         spec = "core:sequential" if reference else variant.spec
         label = variant.reference_title if reference else variant.title
@@ -322,7 +324,7 @@ class Subject:
             raw = self.case.strategy
             names = list(raw) if isinstance(raw, (list, tuple)) else [raw]
         else:
-            names = [c.name for c in self.registry.all("strategy") if c.name != "core:sequential"]
+            names = self.compared_strategies()
         out, left = [], []
         for entry in names:
             from atlas_core.host.registry import split_use
@@ -334,6 +336,46 @@ class Subject:
             out += got
             left += why
         return out, left
+
+    def note_compared(self, variants: list[Variant], left: list[str] = ()) -> None:
+        """Report the variants a check compared with core:sequential, and those left out."""
+        self.note("compared with core:sequential: " + (", ".join(v.title for v in variants) or "none")
+                  + (f"; left out: {'; '.join(left)}" if left else ""))
+
+    def compared_strategies(self) -> list[str]:
+        """The strategies a rule or knob is compared under (besides core:sequential): those chosen
+        in the kit's config (`KitConfig.chosen_strategies`: names or namespaces), else every
+        bundled one. A third-party strategy is certified by its own package (a `Case` naming
+        it), so that a broken one never fails another component's checks."""
+        from atlas_core.strategies.trust import bundled
+
+        comps = [c for c in self.registry.all("strategy") if c.name != "core:sequential"]
+        chosen = CONFIG.chosen_strategies()
+        if chosen is None:
+            return [c.name for c in comps if bundled(c)]
+        out: list[str] = []
+        for entry in chosen:
+            hits = [c.name for c in comps if entry in (c.name, c.namespace)]
+            if not hits and entry != "core:sequential":
+                known = ", ".join(c.name for c in comps)
+                raise Failure(f"the chosen strategy {entry!r} names no registered strategy or namespace "
+                              f"of strategies (registered: {known})")
+            out += hits
+        return list(dict.fromkeys(out))
+
+    # -- notes and blame ------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        """A line for the report of the check that runs now (what it compared, a warning)."""
+        notes = self.__dict__.setdefault("notes", [])
+        if text not in notes:
+            notes.append(text)
+
+    def warn(self, text: str) -> None:
+        """A warning for the report of the check that runs now (also a Python warning)."""
+        import warnings
+
+        self.note(f"warning: {text}")
+        warnings.warn(f"{self.id}: {text}", UserWarning, stacklevel=2)
 
     def _strategy_variants(self, name: str, params: dict, rule) -> tuple[list[Variant], list[str]]:
         """The variants of one strategy on ``rule``. With a ``chunk_size`` param: chunk size 1 on
@@ -405,5 +447,9 @@ class Subject:
         if self.kind == "strategy":
             if not runs:
                 raise Skip(f"{self.name} does not run this rule: " + "; ".join(left))
+            self.note("ran under: " + ", ".join(v.title for v in runs))
             return runs
-        return ([SEQUENTIAL] if with_sequential else []) + runs
+        runs = ([SEQUENTIAL] if with_sequential else []) + runs
+        self.note("ran under: " + ", ".join(v.title for v in runs)
+                  + (f"; left out: {'; '.join(left)}" if left else ""))
+        return runs

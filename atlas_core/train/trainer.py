@@ -64,7 +64,7 @@ from ..errors import AtlasError
 from .checkpoint import latest_checkpoint, recover_checkpoints, save_checkpoint
 from .run_dir import LOCK_FILE, claim_run_dir, write_text_atomic
 from .distributed import (
-    SINGLE, DistInfo, all_reduce_sum, any_rank, full_state, full_value, shard,
+    SINGLE, DistInfo, all_reduce_sum, any_rank, from_env, full_state, full_value, shard,
     wrap,
 )
 from .evaluate import build_task, evaluate, held_out, task_meta, task_table
@@ -76,8 +76,9 @@ from .optim import (
     build_optimizer, load_optimizer_tensors, lr_at, named_unique_parameters, optimizer_tensors,
     set_lr,
 )
-from .setup import Plan, TrainOptions
+from .setup import Plan, RunComplete, TrainOptions
 from .tasks import IGNORE_INDEX
+from .threads import describe, plan_threads
 
 
 class TrainingInterrupted(AtlasError):
@@ -145,8 +146,11 @@ class Trainer:
 
     def __init__(self, plan: Plan, dist: DistInfo = SINGLE,
                  on_step: Callable[["Trainer"], None] | None = None, progress: bool = True,
-                 shard: str = "ddp", context_parallel: int = 1) -> None:
+                 shard: str = "ddp", context_parallel: int = 1,
+                 threads: tuple[int, str] | None = None) -> None:
         self.plan, self.dist, self.on_step = plan, dist, on_step
+        #: (count, reason) chosen by the launcher for spawned workers; None: chosen in `run`
+        self.threads = threads
         self.shard = shard  # the data-parallel engine with N processes: "ddp" or "fsdp"
         self.cp = context_parallel  # > 1: the processes split each sequence along time
         self.show_progress = progress and dist.is_main and _is_terminal(sys.stderr)
@@ -359,13 +363,23 @@ class Trainer:
             self.log.write({"kind": "run", "event": "resume" if plan.resume else "start",
                             "step": self.step, "world_size": self.dist.world,
                             "spec_hash": plan.spec.spec_hash})
+        threads_before = torch.get_num_threads()
+        count, why = self.threads or plan_threads(p.threads, processes=self.dist.world,
+                                                  torchrun=from_env() is not None)
+        torch.set_num_threads(count)
         self._t0 = time.perf_counter()
         tokens_per_step = p.batch_size * self.task.seq_len
         previous = self._install_sigint()
         progress = _Progress(self.show_progress, p.steps, self.step)
         self._progress = progress
+        from ..strategies.trust import parallel_note
+
+        note = parallel_note(plan.spec.memory.get("parallel"))  # the strategy and its distribution
         self.say(start_line(plan.run_dir, self.n_params, self.device, self.step, p.steps,
-                            p.batch_size, self.task.seq_len, p.precision, p.compile))
+                            p.batch_size, self.task.seq_len, p.precision, p.compile,
+                            processes=self.dist.world, mode=self._mode(),
+                            threads=describe(count, why, self.dist.world))
+                 + (f"; {note}" if note else ""))
         window_t, window_tokens = time.perf_counter(), 0
         first_step, first_done, estimated, train_loss = self.step, None, False, None
         try:
@@ -441,6 +455,7 @@ class Trainer:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+            torch.set_num_threads(threads_before)
         result = {
             "name": plan.spec.name,
             "arch": plan.spec.arch,
@@ -475,6 +490,14 @@ class Trainer:
         return result
 
     # -- what a person reads on stderr --------------------------------------------------------
+    def _mode(self) -> str:
+        """How N processes share the work, for the start line ("" for one process)."""
+        if not self.dist.active:
+            return ""
+        if self.cp > 1:
+            return f"context parallel: each sequence split in {self.cp}"
+        return f"data parallel, {self.shard}"
+
     def say(self, line: str) -> None:
         """One line on stderr (rank 0), through the progress bar when one is shown."""
         if not self.show_lines:
@@ -547,7 +570,7 @@ def run_plan(opts, dist: DistInfo = SINGLE) -> dict[str, Any]:
 
     plan = make_plan(opts, world=dist.world // opts.context_parallel)
     return Trainer(plan, dist, progress=opts.progress, shard=opts.shard,
-                   context_parallel=opts.context_parallel).run()
+                   context_parallel=opts.context_parallel, threads=opts.threads).run()
 
 
 def _unsaved_run(d: Path, resuming: bool = False) -> bool:
@@ -602,7 +625,20 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
 def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
     """Train as ``atlas train`` does: check everything, then run in 1 or ``nproc`` processes.
 
-    Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) this process is one rank."""
+    Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) this process is one rank.
+    ``--resume`` of a run that already finished its steps trains nothing: one line on stderr
+    says the run is complete, and its result is returned (`setup.RunComplete`)."""
+    try:
+        return _train(opts, nproc, on_step)
+    except RunComplete as done:
+        env = from_env()
+        done.result["rank"] = env.rank if env is not None else 0
+        if done.result["rank"] == 0:
+            print(done.line, file=sys.stderr)
+        return done.result
+
+
+def _train(opts, nproc: int, on_step: Callable[[Trainer], None] | None) -> dict[str, Any]:
     from . import distributed
     from .setup import make_plan, worker_options
 
@@ -650,4 +686,7 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
         )
     if on_step is not None:
         raise ValueError("on_step callbacks run in one process only (nproc=1)")
-    return distributed.spawn(run_plan, worker_options(opts, plan), nproc, plan.device)
+    # one choice of threads for all the workers, made before they start (and load the machine)
+    chosen = plan_threads(plan.train.threads, processes=nproc)
+    return distributed.spawn(run_plan, dataclasses.replace(worker_options(opts, plan), threads=chosen),
+                             nproc, plan.device, threads=chosen[0])

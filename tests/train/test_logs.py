@@ -9,6 +9,7 @@ import pytest
 
 from atlas_core.model import build_model
 from atlas_core.spec import load_spec
+from atlas_core.strategies.trust import parallel_note
 from atlas_core.train import metrics as metrics_mod
 from atlas_core.train import trainer as trainer_mod
 from atlas_core.train.metrics import duration, read_metrics
@@ -36,8 +37,9 @@ def test_a_run_logs_start_every_evaluation_and_a_summary(tmp_path, tiny_spec, ca
     out, result = _train(tmp_path, tiny_spec)  # 6 steps, evaluations at 3 and 6 (the end)
     lines = _lines(capfd)
     n_params = sum(p.numel() for p in build_model(load_spec(tiny_spec)).parameters())
+    strategy = parallel_note(load_spec(tiny_spec).memory["parallel"])  # e.g. core:chunkwise (atlas-ttm 0.1.0)
     assert lines[0] == (f"train: run {out}, {n_params:,} parameters on cpu, fp32; 6 steps of "
-                        "4 x 16 tokens")
+                        f"4 x 16 tokens; {strategy}")
     evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
     eval_lines = [line for line in lines if line.startswith("step ")]
     assert [int(re.match(r"step (\d+)/6:", line).group(1)) for line in eval_lines] == [3, 6]
@@ -109,4 +111,4 @@ def test_a_resumed_run_says_which_steps_it_trains(tmp_path, tiny_spec, capfd):
     capfd.readouterr()
     train(TrainOptions(resume=str(out), progress=False))
     first = _lines(capfd)[0]
-    assert first.startswith(f"train: run {out}, ") and first.endswith("steps 3-6 of 6 of 4 x 16 tokens")
+    assert first.startswith(f"train: run {out}, ") and "steps 3-6 of 6 of 4 x 16 tokens; parallel: " in first

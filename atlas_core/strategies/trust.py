@@ -1,0 +1,114 @@
+"""Which strategies ``"auto"`` may choose: the bundled ones, and third-party ones the user allowed.
+
+A strategy changes how fast a rule runs, never what it computes, but only the conformance kit
+checks that, and training and inference never run the kit. So ``"auto"`` (the strategy of a spec
+without ``parallel``) chooses among the strategies that ship with atlas (their namespace is owned
+by the core's distribution, `atlas_core.host.registry.NAMESPACE_OWNERS`) and the third-party ones
+the user allowed by namespace (``acme``) or by full name (``acme:chunked``):
+
+- in the spec: ``parallel = { use = "auto", allow = ["acme"] }``;
+- in the environment: ``ATLAS_ALLOW_STRATEGIES=acme,other:fast`` (comma-separated), for every
+  spec and every ``rule(..., strategy="auto")`` call of the process.
+
+Naming a strategy explicitly (``parallel = "acme:chunked"``) always runs it. A third-party
+strategy that ``"auto"`` chooses because it was allowed says so once per process (a warning on
+the ``atlas_core.strategies`` logger), and `describe` names the distribution of any strategy, for
+``atlas spec show``, the saved spec and the ``atlas train`` start line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Iterable
+
+from ..errors import Issue, SpecError
+
+ALLOW_ENV = "ATLAS_ALLOW_STRATEGIES"
+AUTO_KEYS = ("use", "allow")
+
+log = logging.getLogger("atlas_core.strategies")
+_announced: set[str] = set()
+
+
+def env_allowed() -> set[str]:
+    """The namespaces and names allowed by `ALLOW_ENV`."""
+    return {s.strip() for s in os.environ.get(ALLOW_ENV, "").split(",") if s.strip()}
+
+
+def is_auto(value: Any) -> bool:
+    """``"auto"``, None, or a table ``{use = "auto", allow = [...]}``."""
+    if value is None or value == "auto":
+        return True
+    return isinstance(value, Mapping) and value.get("use") == "auto"
+
+
+def auto_allow(value: Any, path: str = "parallel") -> tuple[str, ...]:
+    """The ``allow`` list of an ``"auto"`` value (empty for the plain string); a `SpecError`
+    naming the key for anything else in the table."""
+    if not isinstance(value, Mapping):
+        return ()
+    unknown = sorted(set(value) - set(AUTO_KEYS))
+    if unknown:
+        raise SpecError([Issue(f"{path}.{unknown[0]}", "unknown key", value[unknown[0]],
+                               'an "auto" table takes only use = "auto" and allow = ["namespace", ...]')])
+    allow = value.get("allow", [])
+    if isinstance(allow, str) or not isinstance(allow, (list, tuple)) or not all(
+            isinstance(a, str) and a for a in allow):
+        raise SpecError([Issue(f"{path}.allow", "must be a list of plugin namespaces or strategy names",
+                               allow, 'e.g. allow = ["acme"] or allow = ["acme:chunked"]')])
+    return tuple(allow)
+
+
+def bundled(component: Any) -> bool:
+    """Whether a registered component ships with atlas: its namespace is owned by the core's
+    distribution and that distribution provided it."""
+    from ..host.registry import NAMESPACE_OWNERS, canonical_distribution
+
+    owner = NAMESPACE_OWNERS["core"]
+    return (NAMESPACE_OWNERS.get(component.namespace) == owner
+            and canonical_distribution(component.provider.distribution) == owner)
+
+
+def allowed(component: Any, allow: Iterable[str]) -> bool:
+    """Whether ``"auto"`` may choose ``component``: bundled, or allowed by namespace or name."""
+    if bundled(component):
+        return True
+    names = set(allow)
+    return component.namespace in names or component.name in names
+
+
+def describe(component: Any) -> str:
+    """``core:chunkwise (atlas-ttm 0.1.0)``; ``acme:fast (acme-fast 0.2, third-party)``."""
+    p = component.provider
+    third = "" if bundled(component) else ", third-party"
+    return f"{component.name} ({p.distribution} {p.version}{third})"
+
+
+def announce(component: Any, allow: Iterable[str] = ()) -> None:
+    """Say once per process that ``"auto"`` chose an allowed third-party strategy (``allow``: the
+    spec's or the call's list; else `ALLOW_ENV` allowed it)."""
+    if bundled(component) or component.name in _announced:
+        return
+    _announced.add(component.name)
+    names = set(allow)
+    by = next((n for n in (component.name, component.namespace) if n in names), None)
+    where = f"allow = [{by!r}]" if by else f"{ALLOW_ENV}={os.environ.get(ALLOW_ENV, '')}"
+    log.warning('parallel "auto" chose the third-party strategy %s, allowed by %s; the '
+                "conformance kit certifies it only in its own package's checks",
+                describe(component), where)
+
+
+def parallel_note(parallel: Any, registry: Any = None) -> str | None:
+    """One line naming a resolved spec's strategy and its distribution (None when it cannot be
+    looked up): ``parallel: core:chunkwise (atlas-ttm 0.1.0)``."""
+    try:
+        from ..host.manager import get_registry
+        from ..host.registry import split_use
+
+        name, _ = split_use(parallel)
+        comp = (registry or get_registry()).get("strategy", name)
+    except Exception:  # noqa: BLE001 - a note, never an error
+        return None
+    return f"parallel: {describe(comp)}"
