@@ -92,8 +92,6 @@ class ChunkLinearBackend(Backend):
             return False, f"chunk_size={C} exceeds {MAX_CHUNK}"
         if _pow2(C + c - 1) > MAX_EXTENDED:
             return False, f"chunk_size + window - 1 = {C + c - 1} exceeds {MAX_EXTENDED}"
-        if B * H * (T + c - 1) * max(_pow2(dk), _pow2(dv)) >= 2**31:
-            return False, f"B*H*T*D = {B}*{H}*{T + c - 1}*{max(dk, dv)} overflows the kernel's int32 offsets"
         tensors = [p.psi, p.phik, p.v, p.alpha, *p.gates.values(), *p.state.values()]
         for t in tensors:
             if t.dtype not in DTYPES:

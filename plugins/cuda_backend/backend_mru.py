@@ -39,8 +39,6 @@ class MRUScanBackend(Backend):
             return False, "the sequence is empty"
         if d > MAX_D:
             return False, f"state size d={d} exceeds {MAX_D}"
-        if B * H * T * d * d >= 2**31:
-            return False, f"B*H*T*d*d = {B}*{H}*{T}*{d}*{d} overflows the kernel's int32 offsets"
         for t in (X,) if h0 is None else (X, h0):
             if t.dtype not in DTYPES:
                 return False, f"dtype {t.dtype} is not supported (float32, bfloat16, float16)"

@@ -11,6 +11,14 @@ from the same functions the launchers call), `compile_config()` compiles one and
 measures it. Triton caches compiled kernels (``~/.triton/cache``) and the ptxas report is cached
 beside them, so a second run costs seconds. Used by tests/cuda_backend/test_compile.py (the
 boundary configurations for sm_90) and scripts/kernel_resources.py (the full matrix, any target).
+
+Ahead-of-time compilation needs the kernels as ``triton.jit`` functions: under
+``TRITON_INTERPRET=1`` (the test suite on a machine without a GPU) they are interpreter objects,
+so `run_isolated` runs this module's command line in a subprocess without that variable:
+
+    python -m atlas_plugins.cuda_backend.compile_check boundary --arch 90      # JSON rows
+    python -m atlas_plugins.cuda_backend.compile_check full --arch 80
+    python -m atlas_plugins.cuda_backend.compile_check ttir                      # IR per kernel
 """
 
 from __future__ import annotations
@@ -102,9 +110,16 @@ def ptxas_report(ptx: str, arch: int) -> dict:
             f.write(ptx)
         out = subprocess.run([ptxas_path(arch), "-v", "--regAllocOptLevel=2", f"--gpu-name={gpu}", src,
                               "-o", os.path.join(tmp, "k.o")], capture_output=True, text=True, check=True)
-    m = _PTXAS.search(out.stderr)
-    if m is None:
+    rep = _parse(out.stderr)
+    if rep is None:
         raise RuntimeError(f"unexpected ptxas output:\n{out.stderr}")
+    return rep
+
+
+def _parse(log: str) -> dict | None:
+    m = _PTXAS.search(log)
+    if m is None:
+        return None
     return dict(registers=int(m["reg"]), stack=int(m["stack"]), spill_stores=int(m["st"]),
                 spill_loads=int(m["ld"]))
 
@@ -112,15 +127,21 @@ def ptxas_report(ptx: str, arch: int) -> dict:
 def resources(cfg: KernelConfig, arch: int = 90) -> dict:
     """Compile ``cfg`` and measure it: shared memory (Triton's launch check), registers, stack
     and spills (ptxas). The ptxas report is cached beside Triton's cache entry."""
+    import contextlib
+    import io
+
     import triton
 
-    ck = compile_config(cfg, arch)
+    log = io.StringIO()  # a fresh compile prints Triton's own ptxas -v log here
+    with triton.knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+        triton.knobs.nvidia.dump_ptxas_log = True
+        ck = compile_config(cfg, arch)
     cache = os.path.join(triton.knobs.cache.dir, "atlas_ptxas", f"{ck.hash}.json")
     if os.path.exists(cache):
         with open(cache) as f:
             rep = json.load(f)
     else:
-        rep = ptxas_report(ck.asm["ptx"], arch)
+        rep = _parse(log.getvalue()) or ptxas_report(ck.asm["ptx"], arch)
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         with open(cache, "w") as f:
             json.dump(rep, f)
@@ -128,6 +149,9 @@ def resources(cfg: KernelConfig, arch: int = 90) -> dict:
 
 
 # -- the configurations the backends dispatch ------------------------------------------------------
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
 def chunk_linear_config(direction: str, dtype: str, *, dk: int, dv: int, chunk: int, window: int,
                         momentum: bool, l2: bool = True, before: bool = False) -> KernelConfig:
     """The forward or backward kernel as `chunk_linear` launches it for these sizes."""
@@ -135,19 +159,36 @@ def chunk_linear_config(direction: str, dtype: str, *, dk: int, dv: int, chunk: 
 
     from .chunk_linear import Config
 
-    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     cfg = Config.make(chunk, window, dk, dv, "l2" if l2 else "dot", "before" if before else "after",
-                      momentum, tdtype)
+                      momentum, getattr(torch, DTYPE_NAMES[dtype]))
+    label = (f"{direction} {dtype} {'momentum' if momentum else 'gd'} c={window} C={chunk} "
+             f"Dk={dk} Dv={dv}")
+    return chunk_linear_kernel(cfg, direction, dtype, label)
+
+
+def chunk_linear_kernel(cfg, direction: str, dtype: str, label: str = "") -> KernelConfig:
+    """The kernel `chunk_linear` launches for a `chunk_linear.Config` (direction "fwd" / "bwd")."""
     launch = cfg.launch(backward=direction == "bwd")
     nw, ns = launch.pop("num_warps"), launch.pop("num_stages")
     if direction == "bwd":
-        launch["BW"] = max(2, 1 << (window - 1).bit_length())
+        launch["BW"] = max(2, 1 << (cfg.window - 1).bit_length())
         kernel, inputs = "chunk_linear_bwd:chunk_linear_bwd_kernel", ("psi", "xk", "xv", "dy")
     else:
         kernel, inputs = "chunk_linear_fwd:chunk_linear_fwd_kernel", ("psi", "xk", "xv", "y")
-    label = (f"{direction} {dtype} {'momentum' if momentum else 'gd'} c={window} C={chunk} "
-             f"Dk={dk} Dv={dv}")
-    return KernelConfig(kernel, label, dtype, inputs, launch, nw, ns)
+    return KernelConfig(kernel, label or f"{direction} {dtype} {cfg}", dtype, inputs, launch, nw, ns)
+
+
+def shared_fits(cfg, dtype: str, directions, arch: int, limit: int) -> tuple[bool, str]:
+    """Whether the kernels of ``cfg`` fit ``limit`` bytes of shared memory per block on
+    ``cuda:arch``: exactly the check Triton makes before a launch (``OutOfResources``)."""
+    for direction in directions:
+        need = compile_config(chunk_linear_kernel(cfg, direction, dtype), arch).metadata.shared
+        if need > limit:
+            what = "forward" if direction == "fwd" else "backward"
+            return False, (f"the {what} kernel needs {need} B of shared memory per block at these "
+                           f"sizes (tiles C={cfg.BC}, C+c-1={cfg.BM}, Dk={cfg.BK}, Dv block={cfg.BV}); "
+                           f"the device allows {limit} B")
+    return True, ""
 
 
 def mru_configs(dtype: str, d: int) -> list[KernelConfig]:
@@ -197,3 +238,73 @@ def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
         for d in (16, 32, 64):
             out += mru_configs(dtype, d)
     return out
+
+
+def ttir(cfg: KernelConfig, arch: int = 90) -> str:
+    """The kernel's Triton IR as first generated from the source (no passes, no ptxas: cheap),
+    the place where an offset's integer width is decided."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    src = ASTSource(cfg.function(), cfg.signature(), dict(cfg.constexprs))
+    options = backend.parse_options(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options),
+                         backend.get_module_map(), context)
+    return str(module)
+
+
+def row(cfg: KernelConfig, arch: int) -> dict:
+    return dict(label=cfg.label, kernel=cfg.kernel.split(":")[1], dtype=cfg.dtype, arch=arch,
+                limit=SHARED_LIMIT.get(arch), **{k: v for k, v in cfg.constexprs.items()
+                                                  if k in ("BC", "BM", "BK", "BV", "BD")},
+                **resources(cfg, arch))
+
+
+def offset_kernels() -> list[KernelConfig]:
+    """One small configuration of every kernel (the IR's integer widths do not depend on tiles)."""
+    out = []
+    for momentum in (False, True):
+        for direction in ("fwd", "bwd"):
+            out.append(chunk_linear_config(direction, "fp32", dk=16, dv=16, chunk=16, window=4,
+                                           momentum=momentum))
+    return out + mru_configs("fp32", 16)
+
+
+def run_isolated(what: str, arch: int = 90, timeout: float = 3600) -> list[dict]:
+    """This module's command line in a subprocess without TRITON_INTERPRET; its JSON rows."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-m", "atlas_plugins.cuda_backend.compile_check", what,
+                          "--arch", str(arch)], env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"compile_check {what} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout)
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Compile the cuda kernels ahead of time; JSON rows on stdout.")
+    ap.add_argument("what", choices=["boundary", "full", "ttir"])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100), 80 (A100)")
+    args = ap.parse_args(argv)
+    if args.what == "ttir":
+        rows = [dict(label=c.label, pointers=[n for n, t in c.signature().items() if t.startswith("*")],
+                     ttir=ttir(c, args.arch)) for c in offset_kernels()]
+    else:
+        cfgs = boundary_configs() if args.what == "boundary" else kernel_configs()
+        rows = [row(c, args.arch) for c in cfgs]
+    json.dump(rows, __import__("sys").stdout)
+
+
+if __name__ == "__main__":
+    main()

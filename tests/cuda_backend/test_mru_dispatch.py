@@ -10,7 +10,7 @@ pytestmark = pytest.mark.triton
 
 
 @pytest.mark.parametrize("strategy", ["mru:brent_kung", "mru:sklansky", "mru:hillis_steele"])
-def test_scan_strategies_run_the_kernel(strategy, monkeypatch):
+def test_scan_strategies_run_the_kernel(strategy, monkeypatch, device):
     import atlas_plugins.cuda_backend.backend_mru as backend_mru
 
     calls = []
@@ -19,7 +19,7 @@ def test_scan_strategies_run_the_kernel(strategy, monkeypatch):
     monkeypatch.setattr(backend_cls, "run", lambda self, *a: calls.append(1) or original(self, *a))
     g = torch.Generator().manual_seed(0)
     Z = 0.3 * torch.randn(1, 11, 2, 4, 4, generator=g)
-    X = torch.linalg.matrix_exp(Z - Z.transpose(-1, -2))
+    X = torch.linalg.matrix_exp(Z - Z.transpose(-1, -2)).to(device)
     rule = ac.build_rule({"use": "mru:mru"})
     # the reference first: core:sequential has no backends, and a strategy binds its backends
     # (reading ATLAS_BACKEND) once, when the rule first resolves it

@@ -35,46 +35,49 @@ def _factors(d, T=37, seed=0, carried=True):
 @pytest.mark.parametrize("d", [4, 16], ids=["d4", "d16"])
 @pytest.mark.parametrize("chunk", [4, 16], ids=["chunk4", "chunk16"])
 @pytest.mark.parametrize("carried", [False, True], ids=["h0-identity", "h0-carried"])
-def test_scan_matches_the_loop(d, chunk, carried):
+def test_scan_matches_the_loop(d, chunk, carried, device):
     X, h0 = _factors(d, carried=carried)
     leaves = [X] + ([h0] if carried else [])
     want = cumprod_loop(X, h0)
     w = torch.randn(want.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     g_want = torch.autograd.grad((want * w).sum(), leaves)
-    got = mru_scan(X.float(), h0.float() if carried else None, chunk=chunk)
+    got = mru_scan(X.float().to(device), h0.float().to(device) if carried else None, chunk=chunk)
     assert got.dtype == torch.float32
-    g_got = torch.autograd.grad((got.double() * w).sum(), leaves)
-    assert rel_rms(got, want) <= TOL
+    g_got = torch.autograd.grad((got.double().cpu() * w).sum(), leaves)
+    assert rel_rms(got.cpu(), want) <= TOL
     for a, b in zip(g_got, g_want):
         assert rel_rms(a, b) <= TOL
 
 
-def test_backend_serves_the_mru_rule_and_matches_the_reference():
+def test_backend_serves_the_mru_rule_and_matches_the_reference(device):
     rule = ac.build_rule({"use": "mru:mru"})
     X, h0 = _factors(8, T=21, seed=2)
     strat = build_strategy("mru:brent_kung")
-    p32 = rule.prepare(X.detach().float().transpose(1, 2), state={"H": h0.detach().float()})
+    p32 = rule.prepare(X.detach().float().transpose(1, 2).to(device), state={"H": h0.detach().float().to(device)})
     backend = select_backend(strat, rule, p32)
     assert isinstance(backend, MRUScanBackend)
     H, state = backend.run(strat, rule, p32)
     p64 = rule.prepare(X.detach().transpose(1, 2), state={"H": h0.detach()})
     H_ref, state_ref = rule.reference(p64)
-    assert rel_rms(H, H_ref) <= TOL and rel_rms(state["H"], state_ref["H"]) <= TOL
+    assert rel_rms(H.cpu(), H_ref) <= TOL and rel_rms(state["H"].cpu(), state_ref["H"]) <= TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_half_inputs(dtype):
+def test_half_inputs(dtype, device):
+    """Every scan product has a float32 running product as an operand, so all are IEEE (the TF32
+    emulation of the interpreter would show it otherwise); the tolerances cover the half rounding
+    of the inputs' gradients and of H."""
     X, _ = _factors(8, T=21, seed=4, carried=False)
-    Xh = X.detach().to(dtype).requires_grad_(True)
+    Xh = X.detach().to(device=device, dtype=dtype).requires_grad_(True)
     got = mru_scan(Xh, chunk=8)
     assert got.dtype == dtype
-    Xr = Xh.detach().double().requires_grad_(True)
+    Xr = Xh.detach().cpu().double().requires_grad_(True)
     want = cumprod_loop(Xr)
-    assert rel_rms(got.float(), want) <= 1e-2
+    assert rel_rms(got.float().cpu(), want) <= 1e-2
     w = torch.randn(want.shape, dtype=torch.float64)
-    (got.double() * w).sum().backward()
+    (got.double().cpu() * w).sum().backward()
     (want * w).sum().backward()
-    assert Xh.grad.dtype == dtype and rel_rms(Xh.grad.float(), Xr.grad) <= 2e-2
+    assert Xh.grad.dtype == dtype and rel_rms(Xh.grad.float().cpu(), Xr.grad) <= 2e-2
 
 
 def test_refusals():
