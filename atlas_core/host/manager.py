@@ -7,7 +7,9 @@ Deliberate choices (learned from pytest, tox, datasette and llm):
 - registration is explicit through the `atlas_register` hook, never an import side effect;
 - a hook implementation whose name is not a known hook is an error with a "did you mean";
 - a plugin's registrations are all or nothing: they are staged while its hook runs and committed
-  when it returns; a hook that raises leaves no component behind;
+  by the host when it returns (`commit` from inside the hook is refused); a hook that raises
+  leaves no component behind, and a write to the registry that bypasses the hook's view (made
+  while the plugin's import or hook runs) is undone and fails the plugin;
 - a namespace belongs to one distribution: the bundled ones to their owner (`NAMESPACE_OWNERS`;
   another distribution's entry point of that name is refused, the owner keeps working), any
   other one to the single distribution that claims it (two claimants: both refused);
@@ -141,8 +143,10 @@ class PluginHost:
                 "to use it")
             return
         t0 = time.perf_counter()
+        before = self.registry.snapshot()
         try:
             module = ep.load()
+            self._undo_writes(ep.name, before, "its entry module's import")
         except BaseException as exc:  # noqa: BLE001 - a plugin may raise anything
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -216,7 +220,13 @@ class PluginHost:
             view = NamespacedRegistry(self.registry, provider, staged=True)
             impl = getattr(module, "atlas_register", None)
             if impl is not None:
-                impl(registry=view)
+                before = self.registry.snapshot()
+                view.in_hook = True
+                try:
+                    impl(registry=view)
+                finally:
+                    view.in_hook = False
+                    self._undo_writes(namespace, before, "its atlas_register hook")
             rec.components = sorted(c.name for c in view.commit())
             rec.status = "ok"
             self._modules[namespace] = module
@@ -227,6 +237,21 @@ class PluginHost:
                 self.pm.unregister(module)
             self._fail(rec, exc)
         return rec
+
+    def _undo_writes(self, namespace: str, before, during: str) -> None:
+        """Undo registry writes made while a plugin's code ran other than through the view its
+        hook was given (the registry behind a private attribute, `Registry.add`), and fail the
+        plugin naming them. In-process code can always reach the registry; this catches the
+        writes made while the host watches (docs/plugins.md#what-the-host-can-and-cannot-prevent)."""
+        wrote = self.registry.changes_since(before)
+        if not wrote:
+            return
+        self.registry.restore(before)
+        shown = ", ".join(wrote[:5]) + (f" and {len(wrote) - 5} more" if len(wrote) > 5 else "")
+        raise PluginError(
+            f"plugin {namespace!r} wrote to the registry during {during} other than through the "
+            f"registry its hook receives ({shown}); those writes are undone and the plugin is not "
+            "loaded: register with registry.add / registry.add_preset only")
 
     def _check_hook_names(self, module: ModuleType) -> None:
         marker = f"{hookspecs.PROJECT}_impl"

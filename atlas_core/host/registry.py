@@ -333,6 +333,33 @@ class Registry:
                 f"{component.provider.distribution} ({component.provider.module})"
             )
 
+    def snapshot(self) -> tuple[dict[str, dict[str, Component]], dict[str, str]]:
+        """What the registry holds now; the host takes one before a plugin's code runs, to find and
+        undo writes that bypassed the plugin's `NamespacedRegistry` (`changes_since`, `restore`)."""
+        return {k: dict(v) for k, v in self._items.items()}, dict(self.unavailable)
+
+    def changes_since(self, snap) -> list[str]:
+        """The components (``kind ns:name``) and unavailable namespaces added, removed or replaced
+        since ``snap``."""
+        items, unavailable = snap
+        out = []
+        for kind, table in self._items.items():
+            old = items.get(kind, {})
+            out += [f"{kind} {n}" for n in sorted(set(table) | set(old))
+                    if table.get(n) is not old.get(n)]
+        out += [f"unavailable namespace {n}" for n in sorted(set(self.unavailable) | set(unavailable))
+                if self.unavailable.get(n) != unavailable.get(n)]
+        return out
+
+    def restore(self, snap) -> None:
+        """Put back what ``snap`` held (in place: views keep pointing at this registry)."""
+        items, unavailable = snap
+        for kind, table in self._items.items():
+            table.clear()
+            table.update(items.get(kind, {}))
+        self.unavailable.clear()
+        self.unavailable.update(unavailable)
+
     def add(self, component: Component) -> Component:
         self.check_new(component)
         self._items[component.kind][component.name] = component
@@ -450,9 +477,18 @@ class NamespacedRegistry:
         #: with ``staged``, `add` only checks and collects; `commit` adds them all at once (the
         #: host commits when the plugin's hook returns, so a hook that raises leaves nothing)
         self.staged: list[Component] | None = [] if staged else None
+        #: True while the plugin's hook runs (set by the host): `commit` is refused then
+        self.in_hook = False
 
     def commit(self) -> list[Component]:
-        """Add the staged components to the registry, all or none; returns them."""
+        """Add the staged components to the registry, all or none; returns them. Only the host
+        commits, when the plugin's hook has returned: a call from inside the hook is refused, so
+        a hook that raises after it still leaves nothing behind."""
+        if self.in_hook:
+            raise PluginError(
+                f"plugin {self.namespace!r} ({self.provider.distribution}) called registry.commit() "
+                "inside its atlas_register hook; the host commits a plugin's registrations when the "
+                "hook returns (all or nothing): remove the call")
         if self.staged is None:
             return []
         done = self._registry.add_all(self.staged)
