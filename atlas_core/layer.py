@@ -25,8 +25,18 @@ memory's initial weights, which the layer registers by holding the rule). For an
 5. the rule: ``y, state = rule(q, k, v, gates, state, strategy=runner)``, where ``runner`` is the
    strategy resolved once when the layer is built (no registry lookup or ``supports()`` check
    per call);
-6. per-head RMS norm of y (``output_norm``), a sigmoid output gate ``y * sigmoid(W_o x)``
-   (``output_gate``), merge heads, output projection.
+6. per-head RMS norm of y (``output_norm``, weight and ``output_norm_eps``), the output gate
+   ``y * act(W_o x [+ b_o])`` (``output_gate``: ``"sigmoid"``, ``"silu"`` or ``"none"``; with the
+   norm, ``"silu"`` without bias is fla's gated RMSNorm ``RMSNorm(y) * silu(W_g x)``), merge
+   heads, output projection.
+
+Layer options that published layers differ in (docs/zoo.md, "Layer options"): ``q_scale``
+(q multiplied after its norm, e.g. ``"rsqrt_d_key"`` = 1/sqrt(Dk) as fla's kernels do),
+``qk_norm_eps`` (fla's ``x / sqrt(|x|^2 + eps)``), ``conv_init`` (``"identity"`` or fla's
+``"normal"`` N(0, 0.02)), ``gate_form`` (per gate: ``"declared"``, ``"no_bias"``, ``"mamba2"``
+``alpha = exp(-exp(A_log_h) softplus(w x + dt_bias))``, ``"gla"`` ``alpha = sigmoid(w x + b)^(1/16)``).
+A preset may declare defaults for them (``layer`` in its registration, like a knob declares its
+gates): a field left at None takes the preset's value, else the core's.
 
 ``forward(x, state=None) -> (y, state)``: the state is a flat dict of tensors — ``"conv.q"``,
 ``"conv.k"``, ``"conv.v"`` (the last conv_size - 1 pre-convolution inputs, so the convolution
@@ -41,6 +51,7 @@ entry holds one row per document.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -75,29 +86,113 @@ def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Is
     return issues
 
 
+GateForm = Literal["declared", "no_bias", "mamba2", "gla"]
+OutputGate = Literal["none", "sigmoid", "silu"]
+
+#: The core's values of the options a preset may declare (`LayerParams` fields left at None).
+CORE_LAYER_DEFAULTS = {"output_gate": "sigmoid", "output_gate_bias": True, "conv_init": "identity",
+                       "q_scale": 1.0}
+#: Mamba-2's initialisation of the decay (Gated DeltaNet, KDA): A ~ U(0, 16), dt ~ logU(1e-3, 0.1).
+MAMBA2_A_RANGE, MAMBA2_DT_RANGE, MAMBA2_DT_FLOOR = (0.0, 16.0), (1e-3, 0.1), 1e-4
+#: GLA's gate normaliser: alpha = exp(logsigmoid(z) / 16).
+GLA_GATE_NORMALIZER = 16.0
+
+
 class LayerParams(Params):
     d_key: int | None = size_field(None, "width", ge=1, description="per-head key size (default d_model / heads)")
     d_value: int | None = size_field(None, "width", ge=1, description="per-head value size (default d_key)")
     conv_size: int = size_field(4, "kernel", ge=0, description="short causal depthwise conv kernel; 0 or 1 disables")
+    conv_init: Literal["identity", "normal"] | None = Field(
+        None, description="short-conv initial weights: 'identity' (last tap 1, plus N(0, 0.02) noise) or "
+        "'normal' (N(0, 0.02), fla's); None: the preset's, else 'identity'")
     qkv_activation: Literal["silu", "none"] = "silu"
     qk_norm: bool = Field(True, description="l2-normalise q and k per head")
+    qk_norm_eps: float = Field(0.0, ge=0, description="0: q / max(|q|, 1e-12); > 0: q / sqrt(|q|^2 + eps) "
+                               "(fla's l2norm, eps 1e-6)")
+    q_scale: float | Literal["rsqrt_d_key"] | None = Field(
+        None, description="multiply q (after its norm) by this; 'rsqrt_d_key' = 1/sqrt(d_key) (fla's "
+        "kernels' default scale); None: the preset's, else 1")
     output_norm: bool = Field(True, description="RMS-normalise each head's output")
-    output_gate: bool = Field(True, description="sigmoid output gate before the output projection")
+    output_norm_eps: float = Field(1e-6, gt=0, description="epsilon of the output RMS norm")
+    output_gate: bool | OutputGate | None = Field(
+        None, description="output gate y * act(W_o x + b_o): 'sigmoid' (true), 'silu' (with "
+        "output_norm: fla's gated RMSNorm), 'none' (false); None: the preset's, else 'sigmoid'")
+    output_gate_bias: bool | None = Field(None, description="the output gate's projection has a bias "
+                                          "(None: the preset's, else true)")
     gate_bias: dict[str, float] = Field(
         default_factory=dict, description="initial bias of each gate's projection, by gate name "
-        "(default: the gate's declared bias; alpha 3.0, eta 2.0, theta -4.6, gamma 3.0)")
+        "(default: the preset's, else the gate's declared bias; alpha 3.0, eta 2.0, theta -4.6, gamma 3.0)")
+    gate_form: dict[str, GateForm] = Field(
+        default_factory=dict, description="how a gate is made from its projection, by gate name: "
+        "'declared' (scale * activation(w x + b)), 'no_bias' (the same with b fixed at 0), 'mamba2' "
+        "(exp(-exp(A_log) softplus(w x + dt_bias)), a retain factor), 'gla' (sigmoid(w x + b)^(1/16)); "
+        "default: the preset's, else 'declared'")
     theta_scale: float = Field(1.0, gt=0, description="theta = theta_scale * sigmoid(...)")
+
+
+def preset_layer_defaults(rule, registry=None) -> dict:
+    """The ``[layer]`` defaults the rule's preset declares (``layer=`` in `add_preset`), or {}."""
+    name = (getattr(rule, "spec", None) or {}).get("use")
+    if not name:
+        return {}
+    from .rule_build import _registry
+
+    try:
+        comp = _registry(registry).get("rule", name)
+    except Exception:  # noqa: BLE001 - a rule built outside a registry declares nothing
+        return {}
+    return dict(comp.extra.get("layer", {})) if "preset" in comp.capabilities else {}
+
+
+def effective_options(p: LayerParams, declared: dict) -> dict:
+    """The options the layer runs with: the spec's value, else the preset's, else the core's;
+    ``gate_bias`` and ``gate_form`` merge key by key (the spec's over the preset's)."""
+    out = {}
+    for key, core in CORE_LAYER_DEFAULTS.items():
+        value = getattr(p, key)
+        out[key] = value if value is not None else declared.get(key, core)
+    gate = out["output_gate"]
+    out["output_gate"] = {True: "sigmoid", False: "none"}.get(gate, gate) if isinstance(gate, bool) else gate
+    for key in ("gate_bias", "gate_form"):
+        out[key] = {**declared.get(key, {}), **getattr(p, key)}
+    return out
+
+
+def gate_form_issues(forms, gates, path: str = "layer.gate_form") -> list[Issue]:
+    """``[layer] gate_form`` entries that name no gate of the rule, or put a retain-factor form
+    (mamba2, gla) on a gate that is not a retain factor in [0, 1]."""
+    by_name = {g.name: g for g in gates}
+    issues = []
+    for key, form in (forms or {}).items():
+        gate = by_name.get(key)
+        if gate is None:
+            hint = did_you_mean(str(key), list(by_name)) or "gate_form keys are the names of the rule's gates"
+            issues.append(Issue(f"{path}.{key}", f"the rule declares no gate {key!r} (its gates: "
+                                f"{', '.join(by_name) or 'none'})", form, hint))
+        elif form in ("mamba2", "gla") and tuple(gate.range or ()) != (0.0, 1.0):
+            issues.append(Issue(f"{path}.{key}", f"form {form!r} makes a retain factor in (0, 1), and "
+                                f"gate {key!r} is not one (its range: {gate.range_text()})", form,
+                                "use 'declared' or 'no_bias' for this gate"))
+    return issues
+
+
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / max(|x|, 1e-12)`` over the last axis (eps 0), else ``x / sqrt(|x|^2 + eps)`` (fla's)."""
+    if eps == 0:
+        return F.normalize(x, dim=-1)
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
 
 
 class ShortConv(nn.Module):
     """Causal depthwise conv over time, ``[B, T, C] -> [B, T, C]``, with a carried cache."""
 
-    def __init__(self, channels: int, kernel: int) -> None:
+    def __init__(self, channels: int, kernel: int, init: str = "identity") -> None:
         super().__init__()
         self.kernel = kernel
         self.weight = nn.Parameter(torch.zeros(channels, 1, kernel))
-        with torch.no_grad():  # start as the identity (last tap 1) plus a little noise
-            self.weight[:, 0, -1] = 1.0
+        with torch.no_grad():  # "identity": the last tap 1 plus a little noise; "normal": N(0, 0.02)
+            if init == "identity":
+                self.weight[:, 0, -1] = 1.0
             self.weight.add_(0.02 * torch.randn_like(self.weight))
 
     def forward(self, x: torch.Tensor, cache: torch.Tensor | None, cu: list[int] | None = None):
@@ -147,34 +242,74 @@ class MemoryLayer(nn.Module):
         self.q_proj = nn.Linear(d_model, H * Dk, bias=False)
         self.k_proj = nn.Linear(d_model, n * H * Dk, bias=False)
         self.v_proj = nn.Linear(d_model, n * H * Dv, bias=False)
+        self.options = opts = effective_options(p, preset_layer_defaults(rule, registry))
+        q_scale = opts["q_scale"]
+        self.q_scale = float(Dk) ** -0.5 if q_scale == "rsqrt_d_key" else float(q_scale)
         self.use_conv = p.conv_size > 1
         if self.use_conv:
-            self.q_conv = ShortConv(H * Dk, p.conv_size)
-            self.k_conv = ShortConv(n * H * Dk, p.conv_size)
-            self.v_conv = ShortConv(n * H * Dv, p.conv_size)
+            init = opts["conv_init"]
+            self.q_conv = ShortConv(H * Dk, p.conv_size, init)
+            self.k_conv = ShortConv(n * H * Dk, p.conv_size, init)
+            self.v_conv = ShortConv(n * H * Dv, p.conv_size, init)
         # the gates the rule's knobs declare (a standalone rule declares none)
         self.gate_decls = tuple(rule.gates)
         self.gate_names = tuple(g.name for g in self.gate_decls)
         self.step_gates = frozenset(rule.step_gates)
-        bad = gate_bias_issues(p.gate_bias, self.gate_decls)
+        bad = gate_bias_issues(opts["gate_bias"], self.gate_decls) + gate_form_issues(
+            opts["gate_form"], self.gate_decls)
         if bad:
             raise SpecError(bad)
+        self.gate_forms = tuple(opts["gate_form"].get(g.name, "declared") for g in self.gate_decls)
         self.gate_sizes = tuple(H * (Dk if g.shape == "key" else 1) * (n if g.name in self.step_gates else 1)
                                 for g in self.gate_decls)
         self.gate_scales = tuple(
             g.scale * (p.theta_scale if g.name == "theta" else 1.0) for g in self.gate_decls)
         if self.gate_names:
             self.gate_proj = nn.Linear(d_model, sum(self.gate_sizes))
+            self.gate_A_log = nn.ParameterDict()  # per head, for each gate of form "mamba2"
             with torch.no_grad():
                 self.gate_proj.weight.normal_(0.0, 0.02)
-                bias = [float(p.gate_bias.get(g.name, g.bias)) for g in self.gate_decls]
-                rows = [b for b, n in zip(bias, self.gate_sizes) for _ in range(n)]
-                self.gate_proj.bias.copy_(torch.tensor(rows))
+                rows = []
+                for g, size, form in zip(self.gate_decls, self.gate_sizes, self.gate_forms):
+                    rows.append(self._initial_bias(g, size, form, opts["gate_bias"]))
+                    if form == "mamba2":
+                        lo, hi = MAMBA2_A_RANGE
+                        self.gate_A_log[g.name] = nn.Parameter(torch.empty(H).uniform_(lo, hi).log())
+                self.gate_proj.bias.copy_(torch.cat(rows))
+            # the rows of gates of form "no_bias" keep bias 0 (a mask, not a parameter: same keys)
+            mask = torch.cat([torch.full((n,), 0.0 if f == "no_bias" else 1.0)
+                              for n, f in zip(self.gate_sizes, self.gate_forms)])
+            self.register_buffer("gate_bias_mask", mask, persistent=False)
         if p.output_norm:
-            self.out_norm = nn.RMSNorm(Dv, eps=1e-6)
-        if p.output_gate:
-            self.out_gate = nn.Linear(d_model, H * Dv, bias=True)
+            self.out_norm = nn.RMSNorm(Dv, eps=p.output_norm_eps)
+        self.output_gate = opts["output_gate"]
+        if self.output_gate != "none":
+            self.out_gate = nn.Linear(d_model, H * Dv, bias=bool(opts["output_gate_bias"]))
         self.o_proj = nn.Linear(H * Dv, d_model, bias=False)
+
+    @staticmethod
+    def _initial_bias(gate, size: int, form: str, gate_bias: dict) -> torch.Tensor:
+        """A gate's initial bias rows: 0 for "no_bias"; Mamba-2's ``dt_bias = softplus^-1(dt)``,
+        ``dt ~ logU(1e-3, 0.1)`` for "mamba2" unless ``gate_bias`` sets it; else the spec's or the
+        declared bias."""
+        if form == "no_bias":
+            return torch.zeros(size)
+        if form == "mamba2" and gate.name not in gate_bias:
+            lo, hi = MAMBA2_DT_RANGE
+            dt = torch.exp(torch.rand(size) * (math.log(hi) - math.log(lo)) + math.log(lo))
+            dt = dt.clamp(min=MAMBA2_DT_FLOOR)
+            return dt + torch.log(-torch.expm1(-dt))
+        return torch.full((size,), float(gate_bias.get(gate.name, gate.bias)))
+
+    def _form(self, gate, raw: torch.Tensor, form: str, scale: float) -> torch.Tensor:
+        """A gate from its pre-activation ``raw`` (``[B, T, H]`` or ``[B, T, H, Dk]``)."""
+        if form == "mamba2":
+            A = self.gate_A_log[gate.name].float().exp()
+            A = A.unsqueeze(-1) if gate.shape == "key" else A
+            return torch.exp(-A * F.softplus(raw.float())).to(raw.dtype)
+        if form == "gla":
+            return torch.exp(F.logsigmoid(raw) / GLA_GATE_NORMALIZER)
+        return gate.activate(raw, scale)
 
     @classmethod
     def from_spec(cls, spec, *, d_model: int, heads: int, registry=None) -> "MemoryLayer":
@@ -193,9 +328,10 @@ class MemoryLayer(nn.Module):
         per key."""
         if not self.gate_names:
             return {}
-        raw = self.gate_proj(x).split(self.gate_sizes, dim=-1)
+        bias = self.gate_proj.bias * self.gate_bias_mask.to(self.gate_proj.bias.dtype)
+        raw = F.linear(x, self.gate_proj.weight, bias).split(self.gate_sizes, dim=-1)
         out = {}
-        for gate, r, scale in zip(self.gate_decls, raw, self.gate_scales):
+        for gate, r, scale, form in zip(self.gate_decls, raw, self.gate_scales, self.gate_forms):
             n = self.steps if gate.name in self.step_gates else 1
             if gate.shape == "key":
                 r = rearrange(r, "b t (n h d) -> b t n h d", n=n, h=self.heads)
@@ -203,7 +339,7 @@ class MemoryLayer(nn.Module):
                 r = rearrange(r, "b t (n h) -> b t n h", n=n, h=self.heads)
             if n == 1:
                 r = r.squeeze(2)
-            out[gate.name] = gate.activate(r, scale)
+            out[gate.name] = self._form(gate, r, form, scale)
         return out
 
     def forward(self, x: torch.Tensor, state: dict | None = None, cu_seqlens: torch.Tensor | None = None):
@@ -234,7 +370,9 @@ class MemoryLayer(nn.Module):
             k = rearrange(k, "b t (h d) -> b t h d", h=self.heads)
             v = rearrange(v, "b t (h d) -> b t h d", h=self.heads)
         if self.params.qk_norm:
-            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+            q, k = l2_normalize(q, self.params.qk_norm_eps), l2_normalize(k, self.params.qk_norm_eps)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
         y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner,
                           **packed)
@@ -242,8 +380,10 @@ class MemoryLayer(nn.Module):
         if self.params.output_norm:
             y = self.out_norm(y)
         y = rearrange(y, "b t h d -> b t (h d)")
-        if self.params.output_gate:
+        if self.output_gate == "sigmoid":
             y = y * torch.sigmoid(self.out_gate(x))
+        elif self.output_gate == "silu":
+            y = y * F.silu(self.out_gate(x))
         return self.o_proj(y), new_state
 
     def extra_repr(self) -> str:

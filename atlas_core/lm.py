@@ -24,7 +24,7 @@ sequential step).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
@@ -41,7 +41,14 @@ class LMParams(Params):
     d_model: int = size_field(..., "width", ge=1, description="embedding size")
     depth: int = size_field(2, "depth", ge=1, description="number of blocks")
     heads: int = size_field(4, "heads", ge=1, description="memory heads (d_key defaults to d_model / heads)")
-    mlp_ratio: float = size_field(4.0, "ratio", gt=0, description="MLP hidden size = mlp_ratio * d_model")
+    mlp_ratio: float = size_field(4.0, "ratio", gt=0, description="MLP hidden size = mlp_ratio * d_model "
+                                  "(gelu); swiglu: fla's 256 * ceil(int(2/3 mlp_ratio d_model) / 256)")
+    mlp: Literal["gelu", "swiglu"] = Field("gelu", description="'gelu': W_2 gelu(W_1 x + b_1) + b_2; "
+                                           "'swiglu': W_d (silu(W_g x) * W_u x), no biases (fla's GatedMLP)")
+    mlp_hidden: int | None = size_field(None, "width", ge=1, description="MLP hidden size (overrides mlp_ratio)")
+    init_std: float | None = Field(None, gt=0, description="None: torch's default Linear init (embedding "
+                                   "N(0, 0.02)); a number: every Linear and the embedding N(0, std), Linear "
+                                   "biases 0 except the gates' (their declared init), as fla's models")
     memory_layers: list[int] | None = Field(
         None, description="block numbers (1-based) that carry memory; absent = every block"
     )
@@ -69,14 +76,54 @@ class LMParams(Params):
 class FeedForward(nn.Module):
     """``x -> W_2 gelu(W_1 x)``: ``[B, T, d] -> [B, T, d]``."""
 
-    def __init__(self, d_model: int, ratio: float) -> None:
+    def __init__(self, d_model: int, ratio: float, hidden: int | None = None) -> None:
         super().__init__()
-        hidden = max(1, int(round(ratio * d_model)))
+        hidden = hidden or max(1, int(round(ratio * d_model)))
         self.up = nn.Linear(d_model, hidden)
         self.down = nn.Linear(hidden, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(nn.functional.gelu(self.up(x)))
+
+
+def swiglu_hidden(d_model: int, ratio: float) -> int:
+    """fla's GatedMLP intermediate size: ``int(d_model * ratio * 2/3)`` rounded up to a multiple of 256."""
+    hidden = int(d_model * ratio * 2 / 3)
+    return 256 * ((hidden + 255) // 256)
+
+
+class SwiGLU(nn.Module):
+    """``x -> W_d (silu(W_g x) * W_u x)``, no biases (fla's ``GatedMLP``): ``[B, T, d] -> [B, T, d]``."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def make_mlp(p: "LMParams") -> nn.Module:
+    """The block MLP ``[model] mlp`` names."""
+    if p.mlp == "swiglu":
+        return SwiGLU(p.d_model, p.mlp_hidden or swiglu_hidden(p.d_model, p.mlp_ratio))
+    return FeedForward(p.d_model, p.mlp_ratio, p.mlp_hidden)
+
+
+def normal_init(model: nn.Module, std: float) -> None:
+    """fla's initialisation: every Linear weight and embedding N(0, std), Linear biases 0, except
+    the memory layers' gate projections' biases (their declared initial values)."""
+    from .layer import MemoryLayer
+
+    keep = {id(m.gate_proj.bias) for m in model.modules() if isinstance(m, MemoryLayer) and m.gate_names}
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, std)
+            if isinstance(m, nn.Linear) and m.bias is not None and id(m.bias) not in keep:
+                m.bias.zero_()
 
 
 def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core:lm", read_only: bool = False,
@@ -135,13 +182,13 @@ class MemoryBlock(nn.Module):
 
     packed = True  # takes cu_seqlens (what `LanguageModel.forward` asks of every block)
 
-    def __init__(self, d_model: int, mlp_ratio: float, eps: float, memory) -> None:
+    def __init__(self, d_model: int, mlp_ratio: float, eps: float, memory, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.memory = memory
         if memory is not None:
             self.norm_mem = nn.RMSNorm(d_model, eps=eps)
         self.norm_mlp = nn.RMSNorm(d_model, eps=eps)
-        self.mlp = FeedForward(d_model, mlp_ratio)
+        self.mlp = mlp if mlp is not None else FeedForward(d_model, mlp_ratio)
 
     def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
         if self.memory is not None:
@@ -165,6 +212,8 @@ class LanguageModel(MemoryLM):
         self.blocks = nn.ModuleList(blocks)
         self.norm = nn.RMSNorm(params.d_model, eps=params.norm_eps)
         self.head = nn.Linear(params.d_model, params.vocab_size, bias=False)
+        if getattr(params, "init_std", None) is not None:
+            normal_init(self, params.init_std)
         if params.tie_embeddings:
             self.head.weight = self.embed.weight
 
@@ -217,5 +266,5 @@ def build(params: LMParams, ctx) -> LanguageModel:
     for i in range(p.depth):
         mem = (build_memory_layer(spec, p.d_model, p.heads, arch=arch, registry=ctx.registry)
                if p.carries_memory(i) else None)
-        blocks.append(MemoryBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem))
+        blocks.append(MemoryBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem, make_mlp(p)))
     return LanguageModel(p, blocks)

@@ -21,6 +21,13 @@ def _knobs(bias: str, retention: str) -> dict:
             "algorithm": "core:gd", "feature_map": "core:identity", "read": "after"}
 
 
+#: DeltaNet's layer defaults, fla's ``DeltaNet`` layer (docs/zoo.md, "Layer options"): no output
+#: gate, short convolutions initialised N(0, 0.02), ``theta = sigmoid(w x)`` (fla's beta, no bias)
+#: and q scaled by 1/sqrt(Dk). With these a plain core:lm learns MQAR (docs/mqar_comparison.md).
+DELTANET_LAYER = {"output_gate": "none", "conv_init": "normal", "gate_form": {"theta": "no_bias"},
+                  "q_scale": "rsqrt_d_key"}
+
+
 @hookimpl
 def atlas_register(registry):
     registry.add("retention", "fixed_decay", f"{_Z}.retention:build",
@@ -42,7 +49,8 @@ def atlas_register(registry):
         summary="Gated DeltaNet: M_t = alpha M - theta (alpha M k - v) k^T (gradient at the decayed memory)")
     registry.add_preset(
         "deltanet", _knobs("core:l2", "core:none"),
-        summary="DeltaNet (Schlag et al. 2021, Yang et al. 2024): M_t = M - theta (M k - v) k^T")
+        summary="DeltaNet (Schlag et al. 2021, Yang et al. 2024): M_t = M - theta (M k - v) k^T",
+        layer=DELTANET_LAYER)
     # per-key decay (plugins/zoo/key_decay.py): GLA and KDA
     registry.add("retention", "key_decay", f"{_Z}.key_decay:build", capabilities=("linear",),
                  summary="per-key retain factor alpha_t: [B, T, H, Dk], M_t = M_{t-1} Diag(alpha_t) + ...")

@@ -49,7 +49,7 @@ def hand_layer(layer: MemoryLayer, x: torch.Tensor):
     if p.output_norm:
         y = y / torch.sqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * layer.out_norm.weight
     y = y.reshape(B, T, -1)
-    if p.output_gate:
+    if p.output_gate is not False:  # None: the core's sigmoid gate
         y = y * torch.sigmoid(x @ layer.out_gate.weight.T + layer.out_gate.bias)
     return y @ layer.o_proj.weight.T
 
