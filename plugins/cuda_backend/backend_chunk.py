@@ -18,7 +18,7 @@ import torch
 
 from atlas_core.backends import Backend
 
-from .availability import tensors_runnable, triton_available
+from .availability import launch_errors, launch_fallback, tensors_runnable, triton_available
 
 # the kernel's limits (chunk_linear.py uses the same): sizes after padding to a power of two
 MAX_HEAD_DIM = 128  # Dk (Dphi) and Dv
@@ -102,6 +102,12 @@ class ChunkLinearBackend(Backend):
         return True, ""
 
     def run(self, strategy, rule, inputs):
+        try:
+            return self._run(strategy, rule, inputs)
+        except launch_errors() as exc:
+            return launch_fallback(self.name, strategy, exc, lambda: strategy.run_torch(rule, inputs))
+
+    def _run(self, strategy, rule, inputs):
         from .chunk_linear import chunk_linear
 
         p = inputs

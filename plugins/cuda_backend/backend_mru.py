@@ -13,7 +13,7 @@ import torch
 
 from atlas_core.backends import Backend
 
-from .availability import tensors_runnable, triton_available
+from .availability import launch_errors, launch_fallback, tensors_runnable, triton_available
 
 MAX_D = 64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -45,6 +45,12 @@ class MRUScanBackend(Backend):
         return tensors_runnable(*((X,) if h0 is None else (X, h0)))
 
     def run(self, strategy, rule, inputs):
+        try:
+            return self._run(strategy, rule, inputs)
+        except launch_errors() as exc:
+            return launch_fallback(self.name, strategy, exc, lambda: rule.scan(inputs, strategy.algorithm))
+
+    def _run(self, strategy, rule, inputs):
         from .mru_scan import mru_scan
 
         H = mru_scan(inputs.X, inputs.h0, chunk=SCAN_CHUNK)

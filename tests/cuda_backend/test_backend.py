@@ -274,3 +274,53 @@ def test_model_runs_on_pytorch_without_cuda(no_device, monkeypatch):
     monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1))
     logits, grads = _model_run()
     assert not calls and torch.isfinite(logits).all() and grads
+
+
+def test_available_only_after_a_probe_kernel_ran(monkeypatch):
+    """Availability launches a tiny kernel once; a failure to compile or launch it is a reason
+    ("unavailable"), not a crash inside a model's forward."""
+    monkeypatch.setattr(availability, "_PROBED", {})
+    assert availability.triton_available() == (True, "")
+    assert list(availability._PROBED) == [(DEVICE if DEVICE == "cpu" else f"cuda:{torch.cuda.current_device()}",
+                                           availability.interpreter_on())]
+    from atlas_plugins.cuda_backend import probe
+
+    def broken(device):
+        raise RuntimeError("PassManager::run failed\nmore detail")
+
+    monkeypatch.setattr(availability, "_PROBED", {})
+    monkeypatch.setattr(probe, "run_probe", broken)
+    ok, why = ChunkLinearBackend().is_available()
+    assert not ok
+    assert why.startswith("a probe kernel failed to compile or launch on ")
+    assert why.endswith("RuntimeError: PassManager::run failed")
+
+
+def test_launch_failure_falls_back_to_pytorch_with_one_warning(monkeypatch):
+    """A configuration that cannot launch (here: Triton's shared-memory check, faked) runs the
+    PyTorch code with one warning naming the backend and the failure; a forced backend raises."""
+    import warnings
+
+    from triton.runtime.errors import OutOfResources
+
+    from atlas_plugins.cuda_backend import chunk_linear as op
+
+    def too_big(*args):
+        raise OutOfResources(263680, 232448, "shared memory")
+
+    monkeypatch.setattr(op.ChunkLinearFn, "apply", too_big)
+    monkeypatch.setattr(availability, "_WARNED", set())
+    rule = make_rule("l2", "momentum", "after", 1, d=8, anchor=4)
+    q, k, v, gates = _inputs(rule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y1, s1 = rule(q, k, v, gates=gates, strategy=_chunkwise())
+        y2, _ = rule(q, k, v, gates=gates, strategy=_chunkwise())
+    msgs = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(msgs) == 1, msgs
+    assert "cuda:chunk_linear: the kernel failed to launch (OutOfResources" in msgs[0]
+    assert "core:chunkwise runs its PyTorch code" in msgs[0]
+    y_ref, s_ref = rule(q, k, v, gates=gates, strategy=_chunkwise(backend="torch"))
+    assert torch.equal(y1, y_ref) and torch.equal(y2, y_ref) and torch.equal(s1["M"], s_ref["M"])
+    with pytest.raises(StrategyError, match=rf"{NAME} was requested but its kernel failed to launch"):
+        rule(q, k, v, gates=gates, strategy=_chunkwise(backend=NAME))
