@@ -29,6 +29,12 @@ from typing import Iterable
 
 SHAPES = ("head", "key")
 ACTIVATIONS = ("sigmoid", "identity", "softplus", "tanh", "exp")
+#: the values an activation can produce (before ``scale``), None for an open end: what the kit
+#: tries for a gate declared without ``range`` (sigmoid reaches exactly 1.0 in float32 at 17)
+ACTIVATION_RANGES = {"sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0), "softplus": (0.0, None),
+                     "exp": (0.0, None)}
+#: activations with both ends finite: a gate with one of them should declare its ``range``
+BOUNDED_ACTIVATIONS = ("sigmoid", "tanh")
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,9 @@ class Gate:
     - ``summary``: one sentence for readers (``atlas`` listings, error messages);
     - ``range``: the documented values, ``(low, high)`` with None for an open end (``(0.0, 1.0)``
       for a retain factor, ``(0.0, None)`` for a learning rate), or None when any value goes;
-      the opt-in input checks (`atlas_core.input_checks`) refuse a gate outside it.
+      the opt-in input checks (`atlas_core.input_checks`) refuse a gate outside it. The
+      conformance kit tries each end; without a declared range it tries the ends the activation
+      implies (`implied_range`) and warns for a bounded activation (sigmoid, tanh).
     """
 
     name: str
@@ -83,6 +91,19 @@ class Gate:
         if lo is not None:
             return f">= {lo:g}"
         return f"<= {hi:g}" if hi is not None else "any value"
+
+    def implied_range(self) -> tuple[float | None, float | None] | None:
+        """The values ``scale * activation(.)`` can take (None for an open end; None for the
+        identity): sigmoid [0, scale], tanh [-scale, scale], softplus and exp [0, open)."""
+        ends = ACTIVATION_RANGES.get(self.activation)
+        if ends is None:
+            return None
+        lo, hi = (None if e is None else float(e) * self.scale for e in ends)
+        return (lo, hi) if self.scale >= 0 else (hi, lo)
+
+    def tested_range(self) -> tuple[float | None, float | None] | None:
+        """The declared `range`, or else the one its activation implies (`implied_range`)."""
+        return self.range if self.range is not None else self.implied_range()
 
     def activate(self, raw, scale: float | None = None):
         """``scale * activation(raw)`` for a tensor of pre-activations."""
@@ -143,5 +164,5 @@ def names(gates: Iterable[Gate]) -> tuple[str, ...]:
     return tuple(g.name for g in gates)
 
 
-__all__ = ["ACTIVATIONS", "ALPHA", "CORE_GATES", "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "SHAPES",
+__all__ = ["ACTIVATIONS", "ACTIVATION_RANGES", "ALPHA", "BOUNDED_ACTIVATIONS", "CORE_GATES", "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "SHAPES",
            "THETA", "merge_gates", "names"]

@@ -11,8 +11,11 @@ messages too.
 `check_boundary_inputs` runs one call whose batch rows are the edge cases (one case per row, so
 the whole set costs one forward and one backward pass per strategy):
 
-- every gate with a declared range (`atlas_core.knobs.Gate.range`) at each end: alpha = 0 and 1,
-  eta = 0 and 1, gamma = 0 and 1, theta = 0; every gate at its low end, every gate at its high end;
+- every gate at each end of its declared range (`atlas_core.knobs.Gate.range`: alpha = 0 and 1,
+  eta = 0 and 1, gamma = 0 and 1, theta = 0), or, without one, of the range its activation
+  implies (sigmoid [0, 1], tanh [-1, 1], softplus and exp >= 0, times its scale; a bounded
+  activation without a declared range is also a warning); every gate at its low end, every gate
+  at its high end;
 - zero q, k and v; one-hot keys and queries; one key repeated at every token; large-magnitude
   values and queries (v x 1e4, q x 1e2; keys stay unit-norm, as the memory layer makes them),
   with the step-size gates (declared >= 0 without an upper end: theta) divided by 1e4, so the
@@ -33,6 +36,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+
+from atlas_core.knobs.gates import BOUNDED_ACTIVATIONS
 
 from . import inputs as I
 from .results import RULE_BEARING, Failure, register
@@ -141,16 +146,18 @@ def check_dtype_follows_inputs(subject) -> None:
 
 # -- boundary inputs ------------------------------------------------------------------------------
 def _gate_edges(rule) -> list[tuple[str, dict[str, float]]]:
-    """(label, {gate: value}) for each end of each declared range, and all low / all high."""
-    ranged = [g for g in sorted(rule.gates, key=lambda g: g.name) if g.range is not None]
+    """(label, {gate: value}) for each end of each gate's range (declared, or else implied by its
+    activation: `Gate.tested_range`), and all low / all high."""
+    ranged = [g for g in sorted(rule.gates, key=lambda g: g.name) if g.tested_range() is not None]
     out = []
     for g in ranged:
-        lo, hi = g.range
+        lo, hi = g.tested_range()
+        implied = "" if g.range is not None else f" (an end of its {g.activation} activation; no range declared)"
         for end in (lo, hi):
             if end is not None:
-                out.append((f"{g.name} = {end:g}", {g.name: float(end)}))
-    lows = {g.name: float(g.range[0]) for g in ranged if g.range[0] is not None}
-    highs = {g.name: float(g.range[1]) for g in ranged if g.range[1] is not None}
+                out.append((f"{g.name} = {end:g}{implied}", {g.name: float(end)}))
+    lows = {g.name: float(g.tested_range()[0]) for g in ranged if g.tested_range()[0] is not None}
+    highs = {g.name: float(g.tested_range()[1]) for g in ranged if g.tested_range()[1] is not None}
     if len(lows) > 1:
         out.append(("every gate at its low end (" + ", ".join(f"{k} = {v:g}" for k, v in lows.items()) + ")", lows))
     if len(highs) > 1:
@@ -187,7 +194,7 @@ def _composed_rows(rule) -> list[tuple[str, Callable[[dict, int], None]]]:
             flat[f"gates.{name}"][r] /= LARGE_V
 
     # step sizes: gates declared >= 0 without an upper end (theta)
-    steps = [g.name for g in rule.gates if g.range is not None and g.range[1] is None]
+    steps = [g.name for g in rule.gates if g.tested_range() is not None and g.tested_range()[1] is None]
     rows = [(label, set_gates(values)) for label, values in _gate_edges(rule)]
     rows += [("zero q, k and v", zero_qkv), ("one-hot keys and queries", one_hot),
              ("one key repeated at every token", repeated),
@@ -247,7 +254,8 @@ def _check_finite(named: dict, labels: list[str], what: str, nums: dict) -> None
 
 @register(
     "check_boundary_inputs",
-    "on boundary inputs (each declared gate at each end of its range, e.g. alpha = 1, theta = 0; "
+    "on boundary inputs (each gate at each end of its declared range, e.g. alpha = 1, theta = 0, "
+    "or of the range its activation implies; "
     "zero q, k, v; one-hot and repeated keys; large values; memory entries exactly zero) outputs, "
     f"final states and gradients stay finite under every strategy, and so do outputs and states "
     f"over {EDGE_LONG_T} tokens in float32 at the default gates with alpha = 1 (under the "
@@ -258,6 +266,12 @@ def check_boundary_inputs(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=torch.float64)
     composed = subject.composed(rule)
+    for g in (rule.gates if composed else ()):
+        if g.range is None and g.activation in BOUNDED_ACTIVATIONS:
+            lo, hi = g.implied_range()
+            subject.warn(f"gate {g.name!r} has a {g.activation} activation but no declared range; the "
+                         f"kit tries the ends it implies, {lo:g} and {hi:g}: declare "
+                         f"range=({lo:g}, {hi:g}) (docs/plugins.md#gates)")
     rows = _composed_rows(rule) if composed else _standalone_rows()
     labels = [label for label, _ in rows] + ([ZERO_ENTRIES] if composed else [])
     R = len(labels)

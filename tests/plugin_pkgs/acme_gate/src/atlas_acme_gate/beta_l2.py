@@ -13,7 +13,7 @@ import torch
 
 from atlas_core.knobs import Bias, Gate
 
-BETA = Gate("beta", shape="head", activation="sigmoid", bias=0.0,
+BETA = Gate("beta", shape="head", activation="sigmoid", bias=0.0, range=(0.0, 1.0),
             summary="per-head weight of the token's loss: sigmoid(0) = 0.5")
 
 
