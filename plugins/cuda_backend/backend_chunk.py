@@ -18,7 +18,7 @@ import torch
 
 from atlas_core.backends import Backend
 
-from .availability import launch_errors, launch_fallback, tensors_runnable, triton_available
+from .availability import interpreter_on, launch_errors, launch_fallback, tensors_runnable, triton_available
 
 # the kernel's limits (chunk_linear.py uses the same): sizes after padding to a power of two
 MAX_HEAD_DIM = 128  # Dk (Dphi) and Dv
@@ -99,6 +99,13 @@ class ChunkLinearBackend(Backend):
         ok, why = tensors_runnable(*tensors)
         if not ok:
             return False, why
+        if p.psi.is_cuda and not interpreter_on():  # what Triton's launch would refuse, refused here
+            from .chunk_linear import Config
+            from .compile_check import device_fits
+
+            cfg = Config.make(C, c, dk, dv, kind, rule.read, form == "momentum", p.psi.dtype)
+            backward = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+            return device_fits(cfg, p.psi.dtype, backward, p.psi.device)
         return True, ""
 
     def run(self, strategy, rule, inputs):

@@ -240,6 +240,26 @@ def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
     return out
 
 
+_DTYPE_OF = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+_FITS: dict = {}
+
+
+def device_fits(cfg, dtype, backward: bool, device) -> tuple[bool, str]:
+    """`shared_fits` for a CUDA device: its compute capability and the shared memory per block
+    Triton checks at launch (once per configuration and device)."""
+    import torch
+    from triton.runtime.driver import driver
+
+    index = torch.device(device).index or 0
+    key = (cfg, str(dtype), backward, index)
+    if key not in _FITS:
+        major, minor = torch.cuda.get_device_capability(index)
+        limit = driver.active.utils.get_device_properties(index)["max_shared_mem"]
+        directions = ("fwd", "bwd") if backward else ("fwd",)
+        _FITS[key] = shared_fits(cfg, _DTYPE_OF[str(dtype)], directions, 10 * major + minor, limit)
+    return _FITS[key]
+
+
 def ttir(cfg: KernelConfig, arch: int = 90) -> str:
     """The kernel's Triton IR as first generated from the source (no passes, no ptxas: cheap),
     the place where an offset's integer width is decided."""
@@ -260,11 +280,37 @@ def ttir(cfg: KernelConfig, arch: int = 90) -> str:
     return str(module)
 
 
-def row(cfg: KernelConfig, arch: int) -> dict:
-    return dict(label=cfg.label, kernel=cfg.kernel.split(":")[1], dtype=cfg.dtype, arch=arch,
+def config_key(cfg: KernelConfig, arch: int) -> str:
+    """What a measurement depends on: the kernel's source and its jit dependencies (Triton's own
+    source hash), the signature, constexprs, launch options, target and Triton version."""
+    import hashlib
+
+    import triton
+    from triton.compiler import ASTSource
+
+    src = ASTSource(cfg.function(), cfg.signature(), dict(cfg.constexprs))
+    text = f"{src.hash()}|{cfg.num_warps}|{cfg.num_stages}|{arch}|{triton.__version__}"
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def row(cfg: KernelConfig, arch: int, known: dict | None = None) -> dict:
+    """One table row: the configuration and its measured resources. ``known`` maps `config_key`
+    to rows measured before (a results file): a row whose key is there is not compiled again."""
+    key = config_key(cfg, arch)
+    if known and key in known:
+        return dict(known[key], label=cfg.label, recorded=True)
+    return dict(label=cfg.label, key=key, kernel=cfg.kernel.split(":")[1], dtype=cfg.dtype, arch=arch,
                 limit=SHARED_LIMIT.get(arch), **{k: v for k, v in cfg.constexprs.items()
                                                   if k in ("BC", "BM", "BK", "BV", "BD")},
                 **resources(cfg, arch))
+
+
+def load_rows(path: str) -> dict:
+    """A results file (a JSON list of rows) as {key: row}; empty if it does not exist."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["key"]: r for r in json.load(f)}
 
 
 def offset_kernels() -> list[KernelConfig]:
@@ -277,14 +323,15 @@ def offset_kernels() -> list[KernelConfig]:
     return out + mru_configs("fp32", 16)
 
 
-def run_isolated(what: str, arch: int = 90, timeout: float = 3600) -> list[dict]:
-    """This module's command line in a subprocess without TRITON_INTERPRET; its JSON rows."""
+def run_isolated(what: str, arch: int = 90, known: str | None = None, timeout: float = 3600) -> list[dict]:
+    """This module's command line in a subprocess without TRITON_INTERPRET; its JSON rows
+    (``known``: a results file whose rows are reused where the configuration's key matches)."""
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "atlas_plugins.cuda_backend.compile_check", what,
-                          "--arch", str(arch)], env=env, capture_output=True, text=True,
-                         timeout=timeout)
+    cmd = [sys.executable, "-m", "atlas_plugins.cuda_backend.compile_check", what, "--arch", str(arch)]
+    out = subprocess.run(cmd + (["--known", known] if known else []), env=env, capture_output=True,
+                         text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"compile_check {what} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout)
@@ -296,13 +343,15 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="Compile the cuda kernels ahead of time; JSON rows on stdout.")
     ap.add_argument("what", choices=["boundary", "full", "ttir"])
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100), 80 (A100)")
+    ap.add_argument("--known", default=None, help="a results file: rows whose key matches are reused")
     args = ap.parse_args(argv)
     if args.what == "ttir":
         rows = [dict(label=c.label, pointers=[n for n, t in c.signature().items() if t.startswith("*")],
                      ttir=ttir(c, args.arch)) for c in offset_kernels()]
     else:
         cfgs = boundary_configs() if args.what == "boundary" else kernel_configs()
-        rows = [row(c, args.arch) for c in cfgs]
+        known = load_rows(args.known)
+        rows = [row(c, args.arch, known) for c in cfgs]
     json.dump(rows, __import__("sys").stdout)
 
 
