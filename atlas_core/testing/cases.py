@@ -66,7 +66,8 @@ class Case:
       knob under test takes its slot); for a strategy or backend, the rule it runs. Default:
       `DEFAULT_COMPOSITION`.
     - ``strategy``: for a rule or knob, the strategies to compare with ``core:sequential`` (a spec
-      or a list of specs). Default: every registered strategy that supports the rule.
+      or a list of specs). Default: every bundled strategy that supports the rule (or those
+      chosen in the kit's config: `KitConfig.strategies`).
     - ``kind``: only needed when the name is registered under two kinds.
     - ``reductions``: extra reductions to check, in the declaration format of docs/plugins.md.
     - ``sizes``: overrides of `DEFAULT_SIZES` (B, T, H, Dk, Dv).

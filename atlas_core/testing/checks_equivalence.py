@@ -53,7 +53,8 @@ def _compared_variants(subject, rule) -> list[Variant]:
         if subject.kind == "strategy":
             raise Skip(f"{subject.name} does not run this rule: " + "; ".join(left))
         raise Skip(
-            "no registered strategy other than core:sequential runs this rule"
+            "no compared strategy other than core:sequential runs this rule (the bundled ones, or "
+            "those chosen with --strategy / --atlas-strategies)"
             + (" (" + "; ".join(left) + ")" if left else "")
         )
     return variants
@@ -61,7 +62,7 @@ def _compared_variants(subject, rule) -> list[Variant]:
 
 @register(
     "check_strategies_match_sequential",
-    "every registered strategy that accepts a rule computes what core:sequential computes on that "
+    "every strategy that accepts a rule computes what core:sequential computes on that "
     "rule: chunk size 1 on the rule as given (to rounding), and chunk size 3 on the rule as given "
     "when the strategy accepts it there, else on the same rule rebuilt with anchor = 6; outputs "
     "and final state, from an empty and from a non-zero state.",
@@ -245,19 +246,48 @@ def check_gradcheck_float64(subject) -> None:
         names = list(flat) + [f"state.{k}" for k in varied]
         tensors = [t.detach().clone().requires_grad_(True) for t in list(flat.values()) + list(varied.values())]
         n = len(flat)
+        nums = {"strategy": variant.title, "dtype": "float64", "sizes": " ".join(f"{k}={v}" for k, v in TINY.items())}
 
-        def f(*ts):
+        def run(*ts, reference=False):
             x = dict(zip(names[:n], ts[:n]))
             s = {**fixed, **{k[len("state."):]: t for k, t in zip(names[n:], ts[n:])}}
-            out = subject.run(rule, x, variant, state=s)
-            return tuple(out[k] for k in sorted(out) if I.differentiable(k, out[k]))
+            return subject.run(rule, x, variant, state=s, reference=reference)
+
+        # outputs that depend on the inputs under core:sequential must under the variant too: a
+        # detached output would otherwise reach gradcheck as a bare shape error
+        keys = _connected_outputs(run, tensors, variant, nums)
+
+        def f(*ts):
+            out = run(*ts)
+            return tuple(out[k] for k in keys)
 
         try:
             torch.autograd.gradcheck(f, tensors, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
         except Exception as exc:  # noqa: BLE001 - GradcheckError or a crash in backward
             text = str(exc).strip().splitlines()
-            raise Failure("gradcheck failed: " + " ".join(text[:6])[:600],
-                          strategy=variant.title, dtype="float64", sizes=" ".join(f"{k}={v}" for k, v in TINY.items()))
+            raise Failure("gradcheck failed (the backward is not the derivative of the forward, or "
+                          "it crashed): " + " ".join(text[:6])[:600], **nums)
+
+
+def _label(key: str) -> str:
+    return "the output y" if key == "y" else f"the final state[{key[len('state.'):]!r}]"
+
+
+def _connected_outputs(run, tensors, variant, nums) -> list[str]:
+    """The output keys gradcheck differentiates: those that carry a gradient under
+    core:sequential. One of them that carries none under ``variant`` is a `Failure` naming it."""
+    want = run(*tensors, reference=True)
+    got = run(*tensors)
+    keys = [k for k in sorted(want) if I.differentiable(k, want[k]) and want[k].requires_grad]
+    cut = [k for k in keys if k in got and not got[k].requires_grad]
+    if cut:
+        raise Failure(
+            f"{', '.join(_label(k) for k in cut)} {'carry' if len(cut) > 1 else 'carries'} no gradient "
+            f"under {variant.title} ({'they do' if len(cut) > 1 else 'it does'} "
+            "under core:sequential): the strategy or a component detaches it (.detach(), "
+            "torch.no_grad(), .item(), a tensor built anew from values), so training cannot "
+            "learn through it", **nums)
+    return [k for k in keys if k in got]
 
 
 @contextmanager

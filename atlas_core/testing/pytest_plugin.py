@@ -1,20 +1,21 @@
 """pytest plugin of the conformance kit (entry point ``pytest11: atlas_core``).
 
 Loaded by every pytest run in an environment where atlas-ttm is installed, so it stays light
-and can never break a run: it imports only the standard library and the kit's torch-free config,
-and everything that could fail (reading plugin metadata for the header) is guarded.
+and can never break a run: at start-up it imports only the standard library and the kit's
+torch-free config; the header loads the plugin host (pluggy, pydantic and the plugins' entry
+modules, which are light by contract: no torch), and everything that could fail is guarded.
 
 - options ``--atlas-device`` (default ``cpu``) and ``--atlas-dtype`` (``float64`` | ``float32``,
   the dtype of the equivalence checks) — see `atlas_core.testing.config`;
-- a report-header line listing the installed atlas plugins (read from entry-point metadata; no
-  plugin is imported, torch is not imported);
+- report-header lines: the atlas plugins that loaded, each with the distribution that owns its
+  namespace, then each plugin that was refused (a squatter on a bundled namespace, a namespace
+  claimed twice), failed to load or is disabled, with its reason;
 - the marker ``atlas_conformance``, put on every test `parametrize_with_checks` generates, so
   ``-m atlas_conformance`` / ``-m "not atlas_conformance"`` select them.
 """
 
 from __future__ import annotations
 
-GROUP = "atlas_core.plugins"
 
 
 def pytest_addoption(parser) -> None:
@@ -49,25 +50,39 @@ def pytest_configure(config) -> None:
 
 
 def installed_plugins() -> list[tuple[str, str, str]]:
-    """(namespace, distribution, version) of every entry point of the plugin group, sorted with
-    the core first; nothing is imported."""
-    from importlib import metadata
+    """(namespace, distribution, version) of every plugin the host loaded, the core first: the
+    owner of each namespace, never a refused claimant."""
+    return [(r.namespace, r.distribution, r.version) for r in _records() if r.status == "ok"]
 
-    seen: dict[str, tuple[str, str, str]] = {}
-    for ep in metadata.entry_points(group=GROUP):
-        dist = getattr(ep, "dist", None)
-        name = (dist.metadata["Name"] if dist is not None else None) or "?"
-        version = (dist.version if dist is not None else None) or "?"
-        seen.setdefault(ep.name, (ep.name, name, version))
-    return sorted(seen.values(), key=lambda r: (r[0] != "core", r[0]))
+
+def _records() -> list:
+    """The plugin records of a fresh host (not the process-wide one, which tests replace): entry
+    modules are light by contract (check_entry_module_light), so this imports no torch."""
+    from atlas_core.host.manager import PluginHost
+
+    host = PluginHost(strict=False).load_entry_points()
+    return sorted(host.records.values(), key=lambda r: (r.namespace != "core", r.namespace))
+
+
+def header_lines(records: list) -> list[str]:
+    """The report-header lines: the plugins that loaded, with their distributions, then one line
+    per plugin that was refused, failed or is disabled, with the reason's first line."""
+    ok = [r for r in records if r.status == "ok"]
+    lines = ["atlas plugins: " + (", ".join(f"{r.namespace} ({r.distribution} {r.version})" for r in ok)
+                                  or "none")]
+    for r in records:
+        if r.status in ("refused", "failed", "disabled"):
+            why = (r.error or "ATLAS_DISABLE_PLUGINS").splitlines()[0]
+            why = why if len(why) <= 160 else why[:157] + "..."
+            ns = r.namespace.split(" (", 1)[0]  # a refused claimant's record is "ns (its dist)"
+            lines.append(f"atlas plugin {r.status}: {ns} ({r.distribution} {r.version}): {why}")
+    return lines
 
 
 def pytest_report_header(config) -> list[str]:
     try:
-        rows = installed_plugins()
-        text = ", ".join(f"{ns} ({dist} {ver})" for ns, dist, ver in rows) or "none"
         from .config import CONFIG
 
-        return [f"atlas plugins: {text}", f"atlas kit: device={CONFIG.device} dtype={CONFIG.dtype}"]
+        return header_lines(_records()) + [f"atlas kit: device={CONFIG.device} dtype={CONFIG.dtype}"]
     except Exception as exc:  # noqa: BLE001 - a header must never break a test run
         return [f"atlas plugins: could not be listed ({type(exc).__name__}: {exc})"]

@@ -22,9 +22,9 @@ def test_plain():
 
 @pytest.fixture(autouse=True)
 def _restore_config():
-    before = (CONFIG.device, CONFIG.dtype)
+    before = (CONFIG.device, CONFIG.dtype, CONFIG.strategies)
     yield
-    CONFIG.device, CONFIG.dtype = before
+    CONFIG.device, CONFIG.dtype, CONFIG.strategies = before
 
 
 def test_header_lists_installed_plugins(pytester):
