@@ -3,14 +3,15 @@
     atlas check titans                 # every component of the titans plugin
     atlas check miras:lp               # one component (its declared cases, or default params)
     atlas check core --check check_causal --format json
-    atlas check zoo:deltanet --strategy acme   # compare under acme's strategies, not the bundled
+    atlas check zoo:deltanet --strategy acme   # under acme's strategies, not the bundled ones
     atlas check --list                 # the check catalogue
 
 Prints a table of passed / failed / xfail / skipped checks with the reason of each (for a passed
 check: the strategies and variants it compared, and its warnings), and exits 1 when any check
 failed. Rules and knobs are compared under the bundled strategies (``--strategy`` chooses others);
-a failure under a third-party strategy is marked as that strategy's. An unknown namespace or component is one line with a suggestion (exit 1);
-a plugin that failed to import fails its checks with that error (plugins are loaded strictly).
+a failure under a third-party strategy is marked as that strategy's. An unknown namespace or
+component is one line with a suggestion (exit 1); a plugin that failed to import fails its checks
+with that error (plugins are loaded strictly).
 The same checks run under pytest through `atlas_core.testing.parametrize_with_checks`.
 
 Mounting (the root app): ``app.command("check", epilog=EPILOG)(check)``, or `register(app)`.

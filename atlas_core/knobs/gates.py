@@ -164,5 +164,5 @@ def names(gates: Iterable[Gate]) -> tuple[str, ...]:
     return tuple(g.name for g in gates)
 
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_RANGES", "ALPHA", "BOUNDED_ACTIVATIONS", "CORE_GATES", "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "SHAPES",
-           "THETA", "merge_gates", "names"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_RANGES", "ALPHA", "BOUNDED_ACTIVATIONS", "CORE_GATES",
+           "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "SHAPES", "THETA", "merge_gates", "names"]

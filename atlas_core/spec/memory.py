@@ -13,9 +13,9 @@ Resolution writes every component as ``{"use": "ns:name", **every param with its
 - a standalone rule (e.g. the MRU): ``{"use": rule, **params}``;
 - ``parallel``: absent means ``"auto"``; ``"auto"`` is resolved to the strategy the dispatcher
   picks for this rule now (the highest-priority bundled strategy that supports it, e.g.
-  ``core:chunkwise`` for composed rules, ``mru:brent_kung`` for the MRU, or a third-party one the
-  spec allows with ``{ use = "auto", allow = ["ns"] }``: `atlas_core.strategies.trust`), so a saved spec rebuilds the same
-  computation even after other plugins are installed. A model trained from a spec therefore uses
+  ``core:chunkwise`` for composed rules, ``mru:brent_kung`` for the MRU, or a third-party one
+  the spec allows with ``{ use = "auto", allow = ["ns"] }``: `atlas_core.strategies.trust`), so
+  a saved spec rebuilds the same computation even after other plugins are installed. A model trained from a spec therefore uses
   a parallel form by default; write ``parallel = "core:sequential"`` for the reference loop.
 
 Component params nested inside a knob's params (an Omega window's ``inner`` bias) are kept as
