@@ -84,3 +84,20 @@ def test_a_sound_gate_without_range_passes_with_a_warning(host_with):
 ])
 def test_tested_range(gate, want):
     assert gate.tested_range() == want
+
+
+def test_atlas_check_fails_on_it_naming_gate_and_end(host_with):
+    import json
+
+    from typer.testing import CliRunner
+
+    from atlas_cli.main import make_app
+
+    host_with({"edgy4": _module("edgy4", Gate("beta", bias=0.0), nan_at_one)})
+    with pytest.warns(UserWarning, match="no declared range"):
+        res = CliRunner().invoke(make_app(), ["--format", "json", "check", "edgy4:weighted",
+                                              "--check", "check_boundary_inputs"])
+    assert res.exit_code == 1, res.output[-2000:]
+    row, = json.loads(res.stdout)["results"]
+    assert row["status"] == "failed"
+    assert "'beta = 1 (an end of its sigmoid activation; no range declared)'" in row["message"]
