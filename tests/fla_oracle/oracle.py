@@ -1,0 +1,231 @@
+"""flash-linear-attention's models on the CPU, for tests: the Triton entry points fla's layers call,
+replaced inside the test process by pure-PyTorch code that computes what each kernel computes.
+
+fla's layers (``fla.layers.*``) call Triton kernels that need a GPU. `fla_on_cpu` (a context manager) swaps, for its duration:
+
+- the rule kernels each layer module imported (``chunk_delta_rule``, ``fused_recurrent_delta_rule``,
+  ``chunk_gated_delta_rule``, ``fused_recurrent_gated_delta_rule``, ``chunk_gated_delta_product``,
+  ``chunk_kda``, ``fused_recurrent_kda``, ``chunk_gla``, ``fused_chunk_gla``, ``fused_recurrent_gla``)
+  for `recurrence`, after the preprocessing the kernels do inside (read from their sources):
+  q and k l2-normalised as ``x / sqrt(|x|^2 + 1e-6)`` (``use_qk_l2norm_in_kernel``), beta
+  ``sigmoid``-ed (``use_beta_sigmoid_in_kernel``) and doubled (``allow_neg_eigval``), the decay made
+  in the kernel (``use_gate_in_kernel``: ``g = -exp(A_log) softplus(g + dt_bias)``), q scaled by
+  ``scale`` (default ``1/sqrt(K)``); the final state as ``[B, H, K, V]`` (``[B, H, V, K]`` with
+  ``state_v_first``);
+- ``ShortConvolution.forward`` and ``causal_conv1d`` (depthwise causal conv, bias, SiLU),
+  ``RMSNorm.forward`` (with fla's residual/prenorm form), ``FusedRMSNormGated.forward``
+  (``rmsnorm(x) * w * act(g)``) and ``SwiGLULinear.forward`` (``W (silu(x) * y) + b``).
+
+Every computation is float32, as fla's kernels accumulate. Only what a forward pass from no state
+needs is covered: a carried cache or packed sequences (``cu_seqlens``) are refused. `recurrence`
+is checked against fla-core's own ``naive.py`` loops (tests/fla_oracle/test_oracle.py) before it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+L2_EPS = 1e-6  # fla.modules.l2norm's default
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def recurrence(q, k, v, beta=None, g=None, gk=None, *, scale=None, delta=True, steps=1,
+               initial_state=None, output_final_state=False):
+    """The linear-memory recurrence fla's kernels compute, one token at a time, in float32.
+
+    ``q: [B, T, H, K]``; ``k: [B, T n, H, K]``, ``v: [B, T n, H, V]`` and ``beta: [B, T n, H]`` with
+    ``n = steps`` sub-steps a token (sub-step j of token t at ``t n + j``); ``g: [B, T, H]`` log
+    decay per head, ``gk: [B, T, H, K]`` log decay per key. State ``S: [B, H, K, V]``; per token
+    ``S <- S exp(g) exp(gk)`` (rows), then per sub-step ``S <- S + k (beta (v - S^T k))^T`` (delta)
+    or ``S <- S + k (beta v)^T``; ``o_t = S^T (scale q_t)``. Returns ``(o [B, T, H, V], S or None)``."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    q, k, v = q.float() * scale, k.float(), v.float()
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float().clone()
+    o = q.new_empty(B, T, H, V)
+    for t in range(T):
+        if g is not None:
+            S = S * g[:, t].float().exp()[..., None, None]
+        if gk is not None:
+            S = S * gk[:, t].float().exp()[..., None]
+        for j in range(steps):
+            i = t * steps + j
+            kt, vt = k[:, i], v[:, i]
+            if delta:
+                vt = vt - torch.einsum("bhkv,bhk->bhv", S, kt)
+            if beta is not None:
+                vt = vt * beta[:, i].float()[..., None]
+            S = S + kt[..., None] * vt[..., None, :]
+        o[:, t] = torch.einsum("bhkv,bhk->bhv", S, q[:, t])
+    return o, (S if output_final_state else None)
+
+
+def _refuse_state(kw: dict) -> None:
+    if kw.get("initial_state") is not None or kw.get("cu_seqlens") is not None:
+        raise NotImplementedError("the CPU oracle runs a forward pass from no state, unpacked")
+
+
+def _prepare(q, k, beta, kw, *, g=None, per_key=False):
+    """The kernels' in-kernel preprocessing of q, k, beta and the decay (see the module docstring)."""
+    _refuse_state(kw)
+    if kw.get("use_qk_l2norm_in_kernel"):
+        q, k = l2norm(q), l2norm(k)
+    if beta is not None:
+        beta = beta.float()
+        if kw.get("use_beta_sigmoid_in_kernel"):
+            beta = beta.sigmoid()
+        if kw.get("allow_neg_eigval") and kw.get("use_beta_sigmoid_in_kernel"):
+            beta = beta * 2
+    if g is not None and kw.get("use_gate_in_kernel"):
+        if kw.get("safe_gate") or kw.get("lower_bound") is not None:
+            raise NotImplementedError("the CPU oracle has no safe_gate / lower_bound decay")
+        A = kw["A_log"].float().exp()
+        raw = g.float()
+        if kw.get("dt_bias") is not None:
+            raw = raw + kw["dt_bias"].float().view(raw.shape[-2:] if per_key else raw.shape[-1:])
+        g = -(A[:, None] if per_key else A) * F.softplus(raw)
+    return q, k, beta, g
+
+
+def _finish(o, S, like, kw):
+    if S is not None and kw.get("state_v_first"):
+        S = S.transpose(-1, -2)
+    return o.to(like.dtype), S
+
+
+def delta_rule(q, k, v, beta, scale=None, **kw):
+    q, k, beta, _ = _prepare(q, k, beta, kw)
+    o, S = recurrence(q, k, v, beta, scale=scale, output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def gated_delta_rule(q, k, v, g, beta, scale=None, **kw):
+    q, k, beta, g = _prepare(q, k, beta, kw, g=g)
+    o, S = recurrence(q, k, v, beta, g, scale=scale, output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def gated_delta_product(q, k, v, g, beta, scale=None, num_householder=1, **kw):
+    q, k, beta, g = _prepare(q, k, beta, kw, g=g)
+    o, S = recurrence(q, k, v, beta, g, scale=scale, steps=num_householder,
+                      output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def kda(q, k, v, g, beta, scale=None, **kw):
+    q, k, beta, gk = _prepare(q, k, beta, kw, g=g, per_key=True)
+    o, S = recurrence(q, k, v, beta, gk=gk, scale=scale, output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def gla(q, k, v, g=None, scale=None, gk=None, **kw):
+    _refuse_state(kw)
+    o, S = recurrence(q, k, v, gk=g if g is not None else gk, scale=scale, delta=False,
+                      output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def short_conv_forward(self, x, residual=None, mask=None, cache=None, output_final_state=False,
+                       cu_seqlens=None, **kw):
+    """``ShortConvolution.forward``: depthwise causal conv over time (+ bias), then the activation."""
+    _refuse_state({"initial_state": cache, "cu_seqlens": cu_seqlens})
+    if mask is not None:
+        x = x * mask.unsqueeze(-1)
+    y, _ = causal_conv(x, self.weight[:, 0], self.bias, self.activation)
+    return (y if residual is None else y + residual), None
+
+
+def causal_conv(x, weight, bias=None, activation=None, **kw):
+    """fla's ``causal_conv1d``: ``y_t = sum_j w[:, j] x_{t - W + 1 + j}`` (+ bias), SiLU if asked."""
+    _refuse_state(kw)
+    W = weight.shape[-1]
+    y = F.conv1d(F.pad(x.float().transpose(1, 2), (W - 1, 0)), weight.float()[:, None], groups=weight.shape[0])
+    if bias is not None:
+        y = y + bias.float()[:, None]
+    y = y.transpose(1, 2)
+    if activation in ("silu", "swish"):
+        y = F.silu(y)
+    return y.to(x.dtype), None
+
+
+def rms_norm_forward(self, x, residual=None, prenorm=False, residual_in_fp32=False):
+    """fla's ``RMSNorm.forward``: with a residual, norm ``x + residual`` and (prenorm) return the sum."""
+    if residual is not None:
+        x = x + residual
+    y = _rms(x, self.weight, self.eps)
+    if getattr(self, "bias", None) is not None:
+        y = y + self.bias
+    return (y, x) if prenorm else y
+
+
+def _rms(x, weight, eps):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float() if weight is not None else y).to(x.dtype)
+
+
+def rms_norm_gated_forward(self, x, g, residual=None, prenorm=False, residual_in_fp32=False):
+    """``FusedRMSNormGated.forward``: ``rmsnorm(x) * w * act(g)``, act SiLU or sigmoid."""
+    if residual is not None:
+        raise NotImplementedError("the CPU oracle has no residual in the gated norm")
+    act = torch.sigmoid if self.activation == "sigmoid" else F.silu
+    return _rms(x, self.weight, self.eps) * act(g.float()).to(x.dtype)
+
+
+def swiglu_linear_forward(self, x, y, weight, bias):
+    return F.linear(F.silu(x) * y, weight, bias)
+
+
+#: (module, attribute) -> replacement, for the rule kernels each layer module imported by name.
+RULE_KERNELS = {
+    ("fla.layers.delta_net", "chunk_delta_rule"): delta_rule,
+    ("fla.layers.delta_net", "fused_recurrent_delta_rule"): delta_rule,
+    ("fla.layers.gated_deltanet", "chunk_gated_delta_rule"): gated_delta_rule,
+    ("fla.layers.gated_deltanet", "fused_recurrent_gated_delta_rule"): gated_delta_rule,
+    ("fla.layers.gated_deltanet", "causal_conv1d"): causal_conv,
+    ("fla.layers.gated_deltaproduct", "chunk_gated_delta_product"): gated_delta_product,
+    ("fla.layers.gated_deltaproduct", "fused_recurrent_gated_delta_rule"): gated_delta_rule,
+    ("fla.layers.kda", "chunk_kda"): kda,
+    ("fla.layers.kda", "fused_recurrent_kda"): kda,
+    ("fla.layers.gla", "chunk_gla"): gla,
+    ("fla.layers.gla", "fused_chunk_gla"): gla,
+    ("fla.layers.gla", "fused_recurrent_gla"): gla,
+}
+
+
+@contextlib.contextmanager
+def fla_on_cpu():
+    """Within the block, fla's layers and models run on the CPU with the pure-PyTorch entry points."""
+    import importlib
+
+    from fla.modules import FusedRMSNormGated, RMSNorm, ShortConvolution
+    from fla.modules.mlp import SwiGLULinear
+
+    saved = []
+
+    def swap(owner, name, new):
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    try:
+        for (mod, name), fn in RULE_KERNELS.items():
+            swap(importlib.import_module(mod), name, fn)
+        swap(ShortConvolution, "forward", short_conv_forward)
+        swap(RMSNorm, "forward", rms_norm_forward)
+        swap(FusedRMSNormGated, "forward", rms_norm_gated_forward)
+        swap(SwiGLULinear, "forward", swiglu_linear_forward)
+        yield
+    finally:
+        for owner, name, old in reversed(saved):
+            setattr(owner, name, old)
+
+
+__all__ = ["fla_on_cpu", "recurrence", "l2norm"]
