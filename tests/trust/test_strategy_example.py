@@ -73,3 +73,19 @@ def test_the_hostile_strategy_fails_its_own_certification_as_its_own_failure(gre
                            checks=["check_strategies_match_sequential"])
     assert res.status == "failed" and res.blame == "greedy:zeros@zoo:deltanet"  # the case itself
     assert res.message.startswith("check_strategies_match_sequential [greedy:zeros@zoo:deltanet] failed")
+
+
+def test_the_rule_methods_strategies_call_are_public_and_the_old_names_still_work():
+    from atlas_core.rule import ComposedRule
+
+    rule = build_rule("omega:omeganet", heads=2, d_key=4, d_value=4).to(torch.float64)  # window c = 8
+    flat = I.composed_inputs(rule, 1, 5, dtype=torch.float64, device="cpu", seed=0)
+    p = rule.prepare(**I.unflatten(flat))
+    xk, xv, xg = rule.extended_inputs(p)
+    assert xk.shape[2] == rule.window - 1 + 5 and xg.shape == (1, 2, rule.window - 1 + 5)
+    assert all(torch.equal(a, b) for a, b in zip(rule._extended(p), (xk, xv, xg)))
+    W = {k: p.state[k] for k in rule.structure.weight_shapes()}
+    opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
+    state = rule.final_state(W, opt, xk, xv, xg)
+    assert set(state) == set(p.state) and torch.equal(state["window.k"], xk[:, :, -(rule.window - 1):])
+    assert ComposedRule._final_state is ComposedRule.final_state
