@@ -59,18 +59,38 @@ def validate_file(path: str, overrides: list | None = None) -> dict[str, Any]:
         row["errors"] = [_issue_dict(Issue("", str(exc)))]
         return row
     row.update(name=spec.name, arch=spec.arch, spec_hash=spec.spec_hash)
-    try:
-        _build_on_meta(spec)
-    except SpecError as exc:
-        from atlas_core.spec.overrides import annotate
+    # the checks of a valid spec that training makes before it starts, all of them in one pass:
+    # the model built on the meta device, and the task built for the model's vocabulary
+    from atlas_core.spec.overrides import annotate
 
-        row["errors"] = [_issue_dict(i) for i in annotate(exc, overrides or []).issues]
-        return row
-    except (AtlasError, ValueError) as exc:
-        row["errors"] = [_issue_dict(Issue("model", f"the model does not build: {exc}"))]
-        return row
-    row["ok"] = True
+    issues = []
+    for check, fallback in ((_build_on_meta, "model"), (_check_task, "train.task")):
+        try:
+            check(spec)
+        except SpecError as exc:
+            issues += annotate(exc, overrides or []).issues
+        except (AtlasError, ValueError) as exc:
+            what = "the model does not build" if fallback == "model" else "the task does not build"
+            issues.append(Issue(fallback, f"{what}: {exc}"))
+    row["errors"] = [_issue_dict(i) for i in issues]
+    row["ok"] = not issues
     return row
+
+
+def _check_task(spec) -> None:
+    """Build the ``[train]`` task as `atlas train` does (vocabulary, sequence length), unless it
+    reads files: those are read when training starts (and may not be on this machine)."""
+    if spec.train is None:
+        return
+    from atlas_core.host.registry import split_use
+    from atlas_core.train.evaluate import build_task, file_params
+    from atlas_core.train.params import train_params
+
+    params = train_params(spec.train)
+    name, _ = split_use(params.task, "train.task")
+    if file_params(name, path="train.task"):
+        return
+    build_task(params.task, int(spec.model.get("vocab_size", 0)), params.seq_len)
 
 
 def _build_on_meta(spec) -> None:

@@ -62,6 +62,7 @@ def train(
     resume: Annotated[Optional[str], typer.Option("--resume", help="continue from a checkpoint or run directory")] = None,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="data-parallel processes (gloo on CPU, NCCL on CUDA)")] = 1,
     context_parallel: Annotated[int, typer.Option("--context-parallel", min=1, help="split each sequence along time over R processes (memory layers pass their state between them; --nproc defaults to R)")] = 1,
+    threads: Annotated[Optional[str], typer.Option("--threads", metavar="N|auto", help="torch intra-op threads per process (= train.threads=N; default auto: the idle physical cores, 1 per process under torchrun, OMP_NUM_THREADS when set)", show_default=False)] = None,
     shard: Annotated[Shard, typer.Option("--shard", help="data-parallel engine with N processes: ddp (a whole model per process) or fsdp (each process holds 1/N of the parameters and optimiser state; checkpoints stay whole; resume such a run with ddp)")] = Shard.ddp,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="show the progress bar on stderr")] = True,
     fmt: FormatOption = None,
@@ -71,6 +72,9 @@ def train(
     from atlas_core.train.trainer import TrainingInterrupted
 
     files, texts = split_words(words, at_most=1)
+    if threads is not None:  # a number, or a string the spec check refuses with its message
+        value = threads.strip()
+        texts = [*texts, f"train.threads={value if value.isdigit() else repr(value)}"]
     overrides = overrides_of(texts, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                              seed=seed, device=device.value if device else None)
     try:
@@ -100,6 +104,7 @@ def register(app: typer.Typer) -> None:
             "atlas train examples/titans_lmm.toml model.d_model=64 train.lr=1e-3 --steps 5",
             "atlas train --resume runs/mqar --steps 4000",
             "atlas train examples/mqar_default.toml --nproc 2",
+            "atlas train --threads 1",
             "atlas train examples/mqar_default.toml --nproc 2 --shard fsdp",
             "atlas train examples/mqar_default.toml --context-parallel 2",
         ),

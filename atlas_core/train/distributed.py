@@ -277,8 +277,9 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int,
     results.put((rank, kind, value))
 
 
-def spawn(fn: Callable, payload: Any, nproc: int, device: str) -> Any:
-    """Run ``fn(payload, DistInfo)`` in ``nproc`` processes; returns rank 0's value.
+def spawn(fn: Callable, payload: Any, nproc: int, device: str, threads: int | None = None) -> Any:
+    """Run ``fn(payload, DistInfo)`` in ``nproc`` processes, each with ``threads`` intra-op
+    threads (default: the cores divided among them); returns rank 0's value.
 
     ``fn`` must be a module-level function and ``payload`` picklable. A failed worker is raised
     here as `DistributedError` with the worker's message; an interrupted run re-raises
@@ -290,7 +291,7 @@ def spawn(fn: Callable, payload: Any, nproc: int, device: str) -> Any:
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
-    threads = max(1, (os.cpu_count() or 1) // nproc)
+    threads = threads or max(1, (os.cpu_count() or 1) // nproc)
     port = free_port()
     procs = mp.start_processes(
         _worker, args=(nproc, port, device, threads, fn, payload, results),

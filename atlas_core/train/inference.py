@@ -9,7 +9,9 @@ Task selection for evaluation (`eval_task`):
   ``{use = "mqar", num_pairs = 16, seq_len = 128}`` to test longer recall);
 - in both, the params that name files (a text task's ``path``, see `file_params`) are never taken
   from the checkpoint: the user names them (``--task '{use = "text", path = "data.txt"}'``), so a
-  forged ``meta.json`` cannot make ``atlas eval`` read a local file;
+  forged ``meta.json`` cannot make ``atlas eval`` read a local file; a subword model's tokenizer
+  is the exception, as the checkpoint keeps its content (not a path): it is used when
+  ``--task`` names no tokenizer, and a tokenizer named must be the same one;
 - another task: its defaults, with ``vocab_size`` from the model.
 A text task is evaluated on its held-out split; in char mode its vocabulary must be the
 checkpoint's (otherwise ids would mean other characters).
@@ -17,7 +19,9 @@ checkpoint's (otherwise ids would mean other characters).
 
 from __future__ import annotations
 
+import tempfile
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -99,22 +103,36 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     if name is None:
         raise SpecError([Issue("--task", "the checkpoint records no task; name one", None,
                                "e.g. --task mqar")])
+    codec = _codec(ckpt)
+    own_tokenizer = False
     if name == trained_use:
         # The training params, except the files they name: those only from the command line.
         kept, dropped = without_file_params(name, trained.get("params", {}))
         table = {"use": name, **kept, **raw}
-        unnamed = sorted(k for k in dropped if k not in raw)
+        # a subword model keeps its whole tokenizer (content, not a path): it is used when the
+        # command names none
+        own_tokenizer = ("tokenizer" in dropped and "tokenizer" not in raw
+                         and getattr(codec, "mode", None) == "bpe")
+        unnamed = sorted(k for k in dropped if k not in raw and not (own_tokenizer and k == "tokenizer"))
         if unnamed:
-            key = unnamed[0]
+            trained_files = ", ".join(f"{k} = {dropped[k]!r}" for k in unnamed)
+            wanted = ", ".join(f'{k} = "FILE"' for k in unnamed)
+            kept_note = "the other training params are kept" + (
+                ", and the tokenizer is the checkpoint's own" if own_tokenizer else "")
             raise SpecError([Issue(
-                "--task", f"the checkpoint was trained on {name} with {key} = {dropped[key]!r}, "
-                "and a checkpoint cannot choose which local files are read", None,
-                f"name the file yourself: --task '{{use = \"{name}\", {key} = \"FILE\"}}' (the "
-                "other training params are kept)")])
+                "--task", f"the checkpoint was trained on {name} with {trained_files}, and a "
+                "checkpoint cannot choose which local files are read", None,
+                f"name {'them' if len(unnamed) > 1 else 'it'} yourself: --task "
+                f"'{{use = \"{name}\", {wanted}}}' ({kept_note})")])
     else:
         table = {"use": name, **raw}
-    built = held_out(build_task(table, vocab, seq_len, path="--task"))
-    codec = _codec(ckpt)
+    if own_tokenizer:
+        with tempfile.TemporaryDirectory(prefix="atlas-tokenizer-") as tmp:
+            (Path(tmp) / "tokenizer.json").write_text(codec.tokenizer_json)
+            built = held_out(build_task({**table, "tokenizer": str(Path(tmp) / "tokenizer.json")},
+                                        vocab, seq_len, path="--task"))
+    else:
+        built = held_out(build_task(table, vocab, seq_len, path="--task"))
     if built.name == "text" and built.params.mode == "char":
         if codec is None or codec.vocab != tuple(built.vocab):
             raise SpecError([Issue(

@@ -43,11 +43,15 @@ def duration(seconds: float) -> str:
 
 
 def start_line(run_dir: Any, params: int, device: str, start: int, steps: int, batch: int,
-               seq_len: int, precision: str = "fp32", compiled: bool = False) -> str:
-    """The first line of a run: where it goes, how big it is, what it will do."""
+               seq_len: int, precision: str = "fp32", compiled: bool = False, *,
+               processes: int = 1, mode: str = "", threads: str = "") -> str:
+    """The first line of a run: where it goes, how big it is, what it will do, and where: the
+    device, the number of processes and how they share the work (``mode``), the threads."""
     what = f"steps {start + 1}-{steps} of {steps}" if start else f"{steps} steps"
-    extra = f", {precision}" + (", torch.compile" if compiled else "")
-    return (f"train: run {run_dir}, {params:,} parameters on {device}{extra}; {what} of "
+    where = device + (f" x {processes} processes ({mode})" if processes > 1 else "")
+    extra = (f", {precision}" + (", torch.compile" if compiled else "")
+             + (f", {threads}" if threads else ""))
+    return (f"train: run {run_dir}, {params:,} parameters on {where}{extra}; {what} of "
             f"{batch} x {seq_len} tokens")
 
 

@@ -21,6 +21,7 @@ precision = "fp32"             # fp32 | bf16 (autocast; weights, optimiser and m
 compile = false                # torch.compile the model (first steps pay the compilation)
 tensorboard = false            # also write TensorBoard events to RUN_DIR/tensorboard
 pack = false                   # text task: documents packed with cu_seqlens, loss masked at boundaries
+threads = "auto"               # torch intra-op threads per process, or a number (atlas_core.train.threads)
 ```
 
 The task is a registered component of kind ``task`` (``core:mqar``, ``core:copy``,
@@ -78,6 +79,9 @@ class TrainParams(Params):
     pack: bool = Field(False, strict=True, description="train on packed documents: each row's "
                        "documents run as if alone (cu_seqlens) and no target is the first token "
                        "of a document (the text task)")
+    threads: int | str = Field(
+        "auto", description="torch intra-op threads per process: \"auto\" (the idle physical "
+        "cores, 1 per process under torchrun; OMP_NUM_THREADS when set) or a number")
 
     @field_validator("betas")
     @classmethod
@@ -85,6 +89,13 @@ class TrainParams(Params):
         if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"betas must be two numbers in [0, 1), e.g. [0.9, 0.95]; got {betas}")
         return [float(b) for b in betas]
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, x: Any) -> int | str:
+        if x == "auto" or (isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 4096):
+            return x
+        raise ValueError("must be \"auto\" or a number of threads from 1 to 4096")
 
     @field_validator("lr", "min_lr", "grad_clip", "weight_decay", "eps")
     @classmethod

@@ -43,6 +43,30 @@ class RunDirError(AtlasError, ValueError):
     """The output directory already holds a run, or cannot be used."""
 
 
+class RunComplete(Exception):
+    """``--resume`` of a run that already finished the steps asked for (its last step saved and
+    evaluated, its end marker written): nothing to train, and not an error, so a scheduler that
+    requeues a job with ``--resume`` sees it succeed. ``result`` is the run's result as training
+    returned it (from the checkpoint), ``line`` says so for a person."""
+
+    def __init__(self, ckpt: Checkpoint, spec: Any, run_dir: Path, resume: str) -> None:
+        last = ckpt.meta.get("last_eval") or {}
+        elapsed = float(ckpt.meta.get("elapsed_s", 0.0))
+        nan = float("nan")
+        self.result: dict[str, Any] = {
+            "name": spec.name, "arch": spec.arch, "spec_hash": spec.spec_hash,
+            "steps": ckpt.step, "eval_loss": last.get("loss", nan),
+            "accuracy": last.get("accuracy", nan), "perplexity": last.get("perplexity", nan),
+            "eval_tokens": last.get("tokens", 0), "time_s": elapsed,
+            "tokens_per_s": int(ckpt.meta.get("tokens_seen", 0)) / max(elapsed, 1e-9),
+            "run_dir": str(run_dir), "checkpoint": str(ckpt.path), "complete": True,
+        }
+        self.line = (f"train: the run {run_dir} is complete (step {ckpt.step} of {ckpt.step} saved "
+                     f"and evaluated): nothing to train; to train further: atlas train --resume "
+                     f"{resume} --steps N with N > {ckpt.step}")
+        super().__init__(self.line)
+
+
 def default_spec_text() -> str:
     """The TOML of the embedded default spec (``atlas_core/data/default_mqar.toml``)."""
     return importlib.resources.files("atlas_core").joinpath("data", DEFAULT_SPEC).read_text()
@@ -61,6 +85,7 @@ class TrainOptions:
     progress: bool = True
     shard: str = "ddp"  # the data-parallel engine: "ddp" or "fsdp" (atlas_core.train.distributed)
     context_parallel: int = 1  # ranks that split each sequence along time (atlas_core.distributed)
+    threads: tuple[int, str] | None = None  # (count, reason) the launcher chose for its workers
     run_dir_checked: bool = False  # set by the launcher once the directory was chosen
 
 
@@ -204,8 +229,9 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
     if ckpt is not None and arch_hash(spec) != ckpt.manifest.get("arch_hash"):
         raise CheckpointError(
             f"the checkpoint {str(ckpt.path)!r} was written for a different model than {source} "
-            f"({spec_difference(spec, ckpt.spec)}); resume with the checkpoint's own spec (omit "
-            "SPEC) or start a new run"
+            f"({spec_difference(spec, ckpt.spec)}); a run keeps its model: resume with the "
+            "checkpoint's own spec (no SPEC, and no override of [model], [memory] or [layer]) or "
+            "with a SPEC of the same model, or start a new run with --out"
         )
     if ckpt is not None:
         check_weights_fit(ckpt)  # before the trainer allocates the model the spec describes
@@ -232,7 +258,9 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
         # a run stopped after its last step was saved (killed in or after the final save) still
         # owes its final evaluation and end marker: resuming it trains no step and finishes it
         unfinished = params.steps == ckpt.step and not _finished(run_dir)
-        if params.steps <= ckpt.step and not unfinished:
+        if params.steps == ckpt.step and not unfinished:  # a requeued job: already done
+            raise RunComplete(ckpt, spec, run_dir, opts.resume)
+        if params.steps < ckpt.step:
             raise CheckpointError(
                 f"the checkpoint {str(ckpt.path)!r} is at step {ckpt.step} and the run has "
                 f"steps = {params.steps}: nothing left to train; pass --steps N with N > {ckpt.step}"

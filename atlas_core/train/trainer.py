@@ -133,6 +133,39 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _graph_breaks() -> str:
+    """How many graph breaks torch.compile made so far, for the compile line (its own warnings,
+    many lines each, are silenced while training: `_quiet_compile`)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return ""
+    reasons = counters.get("graph_break", {})
+    count = sum(reasons.values())
+    if not count:
+        return ", no graph break"
+    first = (str(next(iter(reasons))).strip().splitlines() or [""])[0][:120]
+    return (f", {count} graph break{'s' if count != 1 else ''} (first: {first}; "
+            "TORCH_LOGS=graph_breaks prints them)")
+
+
+@contextlib.contextmanager
+def _quiet_compile(enabled: bool):
+    """torch.compile's warnings (graph breaks, recompilations) off while ``enabled``: the
+    compile line summarises them."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch._inductor")] if enabled else []
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _is_terminal(stream) -> bool:
     try:
         return bool(stream.isatty())
@@ -383,7 +416,7 @@ class Trainer:
         window_t, window_tokens = time.perf_counter(), 0
         first_step, first_done, estimated, train_loss = self.step, None, False, None
         try:
-            with progress:
+            with progress, _quiet_compile(p.compile):
                 while self.step < p.steps:
                     set_lr(self.optimizer, lr_at(self.step, p))
                     if p.pack:  # packed documents: where each begins in a row
@@ -513,7 +546,8 @@ class Trainer:
                         "seconds": seconds, "compiled": self.p.compile})
         if self.p.compile:
             self.say(f"compile: the first step took {duration(seconds)} ({seconds:.1f} s), "
-                     f"compiling the model; compiled code is cached in {compile_cache_dir()}")
+                     f"compiling the model{_graph_breaks()}; compiled code is cached in "
+                     f"{compile_cache_dir()}")
 
     def _estimate(self, seconds_per_step: float, remaining: int, tokens_per_step: int) -> None:
         projected = self.elapsed() + remaining * seconds_per_step

@@ -39,6 +39,11 @@ BAD = {
                        '[memory]\nuse = "mru:mru"\n', {"model.heads"}),
     "mru_composed.toml": ('[model]\narch = "mru:mru_lm"\nvocab_size = 32\nd_model = 16\nheads = 4\ndepth = 1\n'
                           '[memory]\nuse = "titans:titans"\n', {"memory.use"}),
+    # issue 25: what the model's build refuses and what the task needs, reported in one pass
+    "build_and_task.toml": ('[model]\narch = "core:lm"\nvocab_size = 16\nd_model = 30\nheads = 4\n'
+                            'depth = 1\n[memory]\nstructure = "core:linear"\n[train]\n'
+                            'task = { use = "mqar", num_pairs = 8, seq_len = 64 }\n',
+                            {"memory", "train.task.num_pairs"}),
     # issue 2: a deep memory whose residual cannot add (d_key 8 != d_value 4)
     "deep_residual.toml": (f'[model]\narch = "titans:lmm"\n{LM}[memory]\nuse = "titans:titans_deep"\n'
                            '[layer]\nd_value = 4\n', {"memory.structure.residual"}),

@@ -264,13 +264,16 @@ def test_a_bad_kill_point_is_one_clear_error(atlas, tmp_path, value):
     assert "begin, files, manifest, rename, swap, prune" in lines[-1]
 
 
-def test_resuming_a_finished_run_is_refused(atlas, tmp_path):
-    """Only a run that did not write its end marker is finished by a plain ``--resume``."""
+def test_resuming_a_finished_run_succeeds_without_training(atlas, tmp_path):
+    """Only a run that did not write its end marker is finished by a plain ``--resume``; a
+    finished one (a job requeued after its end) exits 0 and says the run is complete."""
     run = tmp_path / "run"
     code, out = atlas(["train", _spec(tmp_path, 1), "--out", run, "--no-progress"], tmp_path)
     assert code == 0, out
+    names = _checkpoint_names(run)
     code, out = atlas(["train", "--resume", run, "--no-progress"], tmp_path)
-    assert code != 0 and "nothing left to train" in out
+    assert code == 0 and f"the run {run} is complete" in out, out
+    assert _checkpoint_names(run) == names
 
 
 def test_restarting_an_unsaved_run_does_not_let_its_spec_choose_a_file(atlas, tmp_path):

@@ -38,7 +38,8 @@ def test_a_run_logs_start_every_evaluation_and_a_summary(tmp_path, tiny_spec, ca
     lines = _lines(capfd)
     n_params = sum(p.numel() for p in build_model(load_spec(tiny_spec)).parameters())
     strategy = parallel_note(load_spec(tiny_spec).memory["parallel"])  # e.g. core:chunkwise (atlas-ttm 0.1.0)
-    assert lines[0] == (f"train: run {out}, {n_params:,} parameters on cpu, fp32; 6 steps of "
+    assert lines[0] == (f"train: run {out}, {n_params:,} parameters on cpu, fp32, 1 thread "
+                        f"(train.threads); 6 steps of "
                         f"4 x 16 tokens; {strategy}")
     evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
     eval_lines = [line for line in lines if line.startswith("step ")]

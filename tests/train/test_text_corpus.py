@@ -148,6 +148,17 @@ def test_train_eval_generate_end_to_end(corpus, tokenizer_file, tmp_path):
     assert r.exit_code == 0, r.output
     ppl = json.loads(r.stdout)["perplexity"]
     assert 1.0 < ppl < 300.0  # better than uniform over the vocabulary after 50 steps
+    # without --task: one error that names every file to give, and says the tokenizer is kept
+    r = invoke(["eval", str(out), "--batches", "2"])
+    assert r.exit_code == 1
+    assert f"path = {str(path)!r}" in r.stderr and "tokenizer = " not in r.stderr, r.stderr
+    assert "--task '{use = \"core:text\", path = \"FILE\"}'" in r.stderr, r.stderr
+    assert "the tokenizer is the checkpoint's own" in r.stderr, r.stderr
+    # ... and naming the corpus is then enough: the checkpoint's tokenizer, the same perplexity
+    only_corpus = "{use = \"text\", path = \"%s\"}" % path
+    r = invoke(["--format", "json", "eval", str(out), "--task", only_corpus, "--batches", "2"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["perplexity"] == pytest.approx(ppl, rel=1e-6)
     r = invoke(["--format", "json", "generate", str(out), "--prompt", "the memory", "--greedy",
                 "--max-new-tokens", "8"])
     assert r.exit_code == 0, r.output

@@ -86,11 +86,23 @@ def test_resume_extends_steps_and_truncates_the_log(tmp_path, tiny_spec):
     assert steps == list(range(1, 9))
 
 
-def test_resume_with_nothing_left_is_an_error(tmp_path, tiny_spec):
+def test_resuming_a_complete_run_trains_nothing_and_returns_its_result(tmp_path, tiny_spec, capsys):
+    """A requeued job (--resume of a run whose last step is saved and evaluated) succeeds."""
     out = tmp_path / "run"
-    train(TrainOptions(spec=tiny_spec, out=str(out), progress=False))
-    with pytest.raises(CheckpointError, match="nothing left to train"):
-        train(TrainOptions(resume=str(out), progress=False))
+    first = train(TrainOptions(spec=tiny_spec, out=str(out), progress=False))
+    log_before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    again = train(TrainOptions(resume=str(out), progress=False))
+    err = capsys.readouterr().err
+    assert f"the run {out} is complete (step 6 of 6 saved and evaluated)" in err
+    assert f"atlas train --resume {out} --steps N with N > 6" in err
+    assert again["complete"] is True and again["steps"] == first["steps"] == 6
+    for key in ("accuracy", "eval_loss", "perplexity", "eval_tokens", "checkpoint", "run_dir"):
+        assert again[key] == first[key], key
+    assert (out / "metrics.jsonl").read_text() == log_before  # nothing written
+    # asking for fewer steps than the run trained is still an error
+    with pytest.raises(CheckpointError, match="nothing left to train; pass --steps N with N > 6"):
+        train(TrainOptions(resume=str(out), steps=2, progress=False))
 
 
 def test_fresh_run_never_overwrites(tmp_path, tiny_spec):
