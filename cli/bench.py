@@ -14,7 +14,10 @@ gets no speedup. Peak memory is the peak of live tensor bytes (`atlas_core.bench
 works on the CPU. The library lives in `atlas_core.bench`; ``benchmarks/bench_strategies.py`` is
 the same run as a script. The targets whose rows were measured are printed after the table
 (the others are counted in one line; ``--format json`` lists every target, ``ok`` null when
-not evaluated).
+not evaluated). With the ``atlas`` rule, its tokens/s are printed next to the bound its
+multiply-add count and a plain matmul of the same shapes, timed in the same run, give
+(`atlas_core.bench.atlas_cost`); ``--atlas-long`` adds one fwd+bwd of Atlas under its default
+strategy at longer lengths, with its peak memory.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .common import Failed, FormatOption, emit, examples, log, out_console
 EPILOG = examples(
     "atlas bench --rules delta,titans --lengths 512,1024,2048",
     "atlas bench --lengths 512,1024 --plot docs/img/bench.png --json bench.json",
+    "atlas bench --rules atlas --lengths 256 --atlas-long 4096,16384",
 )
 
 
@@ -74,6 +78,18 @@ def _human(data: dict[str, Any]) -> None:
         con.print(f"{skipped} of {len(data['targets'])} targets not evaluated: their rules or "
                   "lengths were not in this run (see docs/benchmarks.md)", markup=False,
                   highlight=False)
+    cost = data.get("atlas_cost") or {}
+    if cost.get("rows"):
+        con.print(f"atlas against its FLOP count: a plain matmul of Newton-Schulz's shapes runs "
+                  f"{cost['matmul_macs_per_s'] / 1e9:.2f} G multiply-adds/s here", markup=False,
+                  highlight=False)
+        for c in cost["rows"]:
+            line = (f"  {c['subject']} T={c['T']}: fwd {c['fwd_tok_s']:.0f} tokens/s "
+                    f"(bound {c['fwd_bound_tok_s']:.0f}, {c['fwd_ratio']:.2f})")
+            if "train_tok_s" in c:
+                line += (f", fwd+bwd {c['train_tok_s']:.0f} tokens/s (bound "
+                         f"{c['train_bound_tok_s']:.0f}, {c['train_ratio']:.2f})")
+            con.print(line, markup=False, highlight=False)
     for p in data["problems"]:
         con.print(f"[yellow]baseline not loaded[/]: {escape(p)}")
     m = data["machine"]
@@ -96,6 +112,9 @@ def bench(
                                               "'exact' (core:exact_chunk)")] = "16,32,64,128",
     decode_chunks: Annotated[str, typer.Option(help="chunk sizes of the decode case's model")] = "16,1024",
     decode_tokens: Annotated[int, typer.Option(min=1, help="one-token steps timed per decode row")] = 16,
+    atlas_long: Annotated[Optional[str], typer.Option(
+        help="also run Atlas (atlas_muon:atlas, default strategy) once at these longer lengths, "
+        "e.g. 4096,16384: fwd+bwd time and peak memory (slow: minutes per length on a CPU)")] = None,
     strategies: Annotated[Optional[str], typer.Option(
         help="only these registered strategies (comma-separated names); default: all that apply")] = None,
     seq_max: Annotated[int, typer.Option(min=1, help="longest T for core:sequential")] = 4096,
@@ -125,6 +144,7 @@ def bench(
         budget_s=budget, max_mem_gib=max_mem_gib, memory=memory, check=check, threads=threads,
         compile=compile, exact_chunks=_ints(exact_chunks, "--exact-chunks"),
         decode_chunks=_ints(decode_chunks, "--decode-chunks"), decode_tokens=decode_tokens,
+        atlas_long=_ints(atlas_long, "--atlas-long") if atlas_long else [],
         strategies=[s.strip() for s in strategies.split(",")] if strategies else None,
     )
     cfg.validate()

@@ -71,6 +71,9 @@ class BenchConfig:
     #: chunk sizes a decode case's model is built with, and the one-token steps timed after the prompt
     decode_chunks: list[int] = field(default_factory=lambda: list(DECODE_CHUNKS))
     decode_tokens: int = 16
+    #: lengths at which Atlas (``atlas_muon:atlas``, its default strategy) runs one fwd+bwd under
+    #: the peak-memory probe (`long_memory_rows`); empty: none
+    atlas_long: list[int] = field(default_factory=list)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -85,6 +88,8 @@ class BenchConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive chunk sizes")
         if not self.lengths or min(self.lengths) < 1:
             raise ValueError(f"lengths={self.lengths} must be positive sequence lengths")
+        if any(T < 1 for T in self.atlas_long):
+            raise ValueError(f"atlas_long={self.atlas_long} must be positive sequence lengths")
         for name in self.rules:
             get_case(name)
 
@@ -114,6 +119,9 @@ class BenchResult:
     rows: list[Row]
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: Atlas rows' tokens/s next to the FLOP-count bound (`atlas_cost.cost_rows`), and the plain
+    #: matmul rate the bound uses
+    atlas_cost: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         from .report import targets
@@ -125,7 +133,7 @@ class BenchResult:
             tg, problems = [], problems + [f"targets: {type(exc).__name__}: {exc}"]
         return {"config": self.config, "machine": self.machine, "checks": self.checks,
                 "rows": [asdict(r) for r in self.rows], "targets": tg,
-                "problems": problems, "seconds": self.seconds}
+                "atlas_cost": self.atlas_cost, "problems": problems, "seconds": self.seconds}
 
 
 def machine_info() -> dict[str, Any]:
@@ -280,6 +288,7 @@ def run_bench(config: BenchConfig, subjects: list[Subject] | None = None,
     machine = machine_info()
     rows: list[Row] = []
     checks: list[dict[str, Any]] = []
+    cost: dict[str, Any] = {}
     try:
         for name in config.rules:
             case = get_case(name)
@@ -288,11 +297,17 @@ def run_bench(config: BenchConfig, subjects: list[Subject] | None = None,
                 ok, why = extra.supports(case)
                 if ok:
                     subs.append(extra)
+            case_rows = []
             for sub in subs:
                 check = sub.check(case) if config.check else Check("skipped", "--no-check")
                 checks.append({"case": case.name, "subject": sub.name, **check.to_dict()})
                 say(f"[{case.name}] {sub.name}: check {check.status} {check.detail}")
-                rows.extend(_run_subject(config, case, sub, check, say))
+                case_rows.extend(_run_subject(config, case, sub, check, say))
+            rows.extend(case_rows)
+            if name == "atlas":
+                cost = _atlas_cost(config, case, subs, case_rows, say)
+        if config.atlas_long:
+            rows.extend(long_memory_rows(config, say))
     finally:
         torch.set_num_threads(prev_threads)
         torch.set_flush_denormal(False)
@@ -302,7 +317,57 @@ def run_bench(config: BenchConfig, subjects: list[Subject] | None = None,
     except OSError:
         pass
     cfg = asdict(config)
-    return BenchResult(cfg, machine, checks, rows, list(problems or []), time.perf_counter() - started)
+    return BenchResult(cfg, machine, checks, rows, list(problems or []), time.perf_counter() - started,
+                       atlas_cost=cost)
+
+
+def _atlas_cost(config: BenchConfig, case: Case, subs: list[Subject], rows: list[Row], say) -> dict[str, Any]:
+    """Atlas' tokens/s next to its FLOP-count bound (`atlas_cost`), the matmul rate measured now."""
+    from . import atlas_cost
+
+    sizes = config.sizes
+    rule = case.rule(sizes["H"], sizes["Dk"], sizes["Dv"])
+    chunks = {s.name: getattr(s, "chunk_size", None) for s in subs if getattr(s, "chunk_size", None)}
+    C = max(chunks.values(), default=config.chunk)
+    rate = atlas_cost.matmul_rate(rule, C, sizes["B"], sizes["H"])
+    out = atlas_cost.cost_rows(rows, rule, lambda r: chunks.get(r.subject), sizes, rate)
+    parts = atlas_cost.macs_per_token(rule, C)
+    say(f"[atlas] plain matmul of Newton-Schulz's shapes: {rate / 1e9:.2f} G multiply-adds/s; "
+        f"{sum(parts.values()) * sizes['H'] / 1e6:.1f} M multiply-adds per token (C={C})")
+    return {"matmul_macs_per_s": rate, "chunk": C, "macs_per_head_token": parts, "rows": out}
+
+
+def long_memory_rows(config: BenchConfig, say) -> list[Row]:
+    """Atlas (``atlas_muon:atlas`` under its default strategy, ``"auto"``) at each length of
+    ``config.atlas_long``: one fwd+bwd under the peak-memory probe, its time included (the probe
+    adds a few microseconds per operator). Rows of group ``"long"``."""
+    case = get_case("atlas")
+    sizes = config.sizes
+    rule = case.rule(sizes["H"], sizes["Dk"], sizes["Dv"])
+    name = f"auto: {rule.runner('auto').describe()}"
+    rows = []
+    for T in sorted(config.atlas_long):
+        row = Row(case.name, name, "long", T, check="-", runs=1,
+                  note="one fwd+bwd under the memory probe (its time included)")
+        inp = make_inputs(case, rule.gate_names, T=T, **sizes).requires_grad_()
+
+        def train():
+            y, _ = rule(inp.q, inp.k, inp.v, gates=inp.gates, strategy="auto")
+            (y * inp.dy).sum().backward()
+
+        gc.collect()
+        try:
+            t0 = time.perf_counter()
+            row.peak_train_mib = peak_tensor_bytes(train) / MIB
+            row.train_ms = (time.perf_counter() - t0) * 1e3
+        except Exception as exc:  # noqa: BLE001 - reported in the row
+            row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
+        for p in rule.parameters():
+            p.grad = None
+        rows.append(row)
+        say(f"[atlas long] {name} T={T}: {row.status}, fwd+bwd "
+            + (f"{row.train_ms / 1e3:.1f} s, peak {row.peak_train_mib:.0f} MiB" if row.train_ms else row.note))
+    return rows
 
 
 def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, say) -> list[Row]:
