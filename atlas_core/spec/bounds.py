@@ -131,11 +131,12 @@ def lm_estimate(model: Mapping[str, Any], layer: Mapping[str, Any] | None = None
         heads = float(model["heads"])
         dk = float(layer.get("d_key") or d / max(heads, 1.0))
         dv = float(layer.get("d_value") or dk)
+        hidden = float(model.get("mlp_hidden") or d * ratio)  # swiglu's default: about 2/3 of it
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
     embed = vocab * d * (1 if model.get("tie_embeddings", True) else 2)
     projections = d * heads * (2.0 * dk + 2.0 * dv)
-    block = d * d * 2.0 * ratio + projections
+    block = d * hidden * (3.0 if model.get("mlp") == "swiglu" else 2.0) + projections
     total = embed + depth * block
     if depth * block < embed:
         key = "model.vocab_size"
