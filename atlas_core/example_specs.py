@@ -27,14 +27,34 @@ def examples_dir() -> Path:
                             "reinstall it (pip install atlas-ttm) or use a checkout's examples/")
 
 
+def _paragraphs(comments: list[str]) -> list[list[str]]:
+    """The header's comment lines (``#`` removed) split at blank comment lines."""
+    out: list[list[str]] = [[]]
+    for line in comments:
+        if line.strip():
+            out[-1].append(line.strip())
+        elif out[-1]:
+            out.append([])
+    return [p for p in out if p]
+
+
 def list_examples() -> list[dict[str, str]]:
     """``[{"name", "file", "summary", "cost"}]`` for every example, by name: the summary is the
-    first comment line of the file, the cost its ``# Cost:`` line when it has one."""
+    first paragraph of the file's header comment, whole; the cost is the paragraph that starts
+    with ``Cost:`` (the FLOPs, the parameters and the measured speed), without its note on how it
+    was measured."""
     out = []
     for path in sorted(examples_dir().glob("*.toml")):
         lines = path.read_text(encoding="utf-8").splitlines()
-        comments = [ln[1:].strip() for ln in lines if ln.startswith("#")]
-        cost = next((c.removeprefix("Cost:").strip() for c in comments if c.startswith("Cost:")), "")
-        out.append({"name": path.stem, "file": str(path), "summary": comments[0] if comments else "",
-                    "cost": cost})
+        header = []
+        for line in lines:  # the comment block at the top of the file
+            if not line.startswith("#"):
+                break
+            header.append(line[1:])
+        paragraphs = _paragraphs(header)
+        summary = " ".join(paragraphs[0]) if paragraphs else ""
+        cost_lines = next((p for p in paragraphs if p[0].startswith("Cost:")), [])
+        cost = " ".join(c for c in cost_lines if not c.startswith("(measured"))
+        out.append({"name": path.stem, "file": str(path), "summary": summary,
+                    "cost": cost.removeprefix("Cost:").strip()})
     return out

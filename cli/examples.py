@@ -45,7 +45,7 @@ def copy_cmd(
     force: Annotated[bool, typer.Option("--force", help="replace files that exist")] = False,
     fmt: FormatOption = None,
 ) -> None:
-    """Copy the example specs (or the ones named) into DEST."""
+    """Copy the example specs (or the ones named), with the files they read, into DEST."""
     from atlas_core.errors import did_you_mean
     from atlas_core.example_specs import examples_dir
 
@@ -58,15 +58,17 @@ def copy_cmd(
         raise typer.BadParameter(f"no example {unknown[0]!r}" + (f"; {hint}" if hint else "")
                                  + f" (examples: {', '.join(available)})", param_hint="--name")
     target = Path(dest)
-    clash = [n for n in wanted if (target / f"{n}.toml").exists()]
+    # each spec with the files it reads (text_char.toml: its corpus text_char.txt)
+    files = [p.name for n in wanted for p in sorted(src.glob(f"{n}.*")) if p.suffix in (".toml", ".txt")]
+    clash = [f for f in files if (target / f).exists()]
     if clash and not force:
-        raise FileExistsError(f"{target / (clash[0] + '.toml')} exists; pass --force to replace "
-                              "it or copy into another folder")
+        raise FileExistsError(f"{target / clash[0]} exists; pass --force to replace it or copy "
+                              "into another folder")
     target.mkdir(parents=True, exist_ok=True)
-    for n in wanted:
-        tmp = target / f".{n}.toml.partial"
-        shutil.copyfile(src / f"{n}.toml", tmp)
-        tmp.replace(target / f"{n}.toml")
+    for f in files:
+        tmp = target / f".{f}.partial"
+        shutil.copyfile(src / f, tmp)
+        tmp.replace(target / f)
     emit({"copied": wanted, "to": str(target)}, fmt,
          lambda r: log(f"examples: copied {len(r['copied'])} spec(s) to {r['to']}"))
 

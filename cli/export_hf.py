@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command(
         "export-hf",
         epilog=examples(
-            "atlas export-hf runs/shakespeare hf/shakespeare",
+            "atlas export-hf runs/text-char hf/text-char",
             "atlas export-hf runs/mqar-default/checkpoints/step-000002000 hf/mqar --overwrite",
         ),
     )(export_hf)

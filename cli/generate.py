@@ -1,8 +1,10 @@
 """``atlas generate CKPT``: sample a continuation from a checkpoint.
 
-A model trained on a ``text`` task takes ``--prompt TEXT`` (encoded as it was trained: bytes, or
-the checkpoint's character vocabulary); every model takes ``--prompt-ids`` (token ids). Decoding is
-incremental with the carried memory state (`MemoryLM.generate`).
+A model trained on a ``text`` task takes ``--prompt TEXT`` (encoded as it was trained: bytes, the
+checkpoint's character vocabulary or its subword tokenizer), or no prompt: it then samples from
+the start of a document (`atlas_core.train.inference.document_start`). Every model takes
+``--prompt-ids`` (token ids). Decoding is incremental with the carried memory state
+(`MemoryLM.generate`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def human(r: dict[str, Any]) -> None:
 
 def generate(
     checkpoint: Annotated[str, typer.Argument(help="a checkpoint directory or a run directory")],
-    prompt: Annotated[Optional[str], typer.Option("--prompt", help="prompt text (text-task models)")] = None,
+    prompt: Annotated[Optional[str], typer.Option("--prompt", help="prompt text (text-task models; without a prompt they sample from the start of a document)")] = None,
     prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="prompt token ids, e.g. '3 17 5'")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=0, help="tokens to generate")] = 64,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="sampling temperature (0: greedy)")] = 1.0,
@@ -54,7 +56,9 @@ def register(app: typer.Typer) -> None:
     app.command(
         "generate",
         epilog=examples(
-            "atlas generate runs/shakespeare --prompt 'ROMEO:' --max-new-tokens 200 --top-k 20",
+            "atlas train examples/text_char.toml --out runs/text-char",
+            "atlas generate runs/text-char --prompt 'The memory ' --max-new-tokens 200 --top-k 20",
+            "atlas generate runs/text-char --max-new-tokens 200",
             "atlas generate runs/mqar-default --prompt-ids '5 40 9 33 5' --greedy --max-new-tokens 1",
         ),
     )(generate)

@@ -25,5 +25,8 @@ PY
 "$WORK/venv/bin/atlas" train --steps 20 --out "$WORK/run" --no-progress
 "$WORK/venv/bin/atlas" examples copy "$WORK/examples" --name titans_lmm --name zoo_gla
 "$WORK/venv/bin/atlas" spec validate "$WORK/examples/titans_lmm.toml"
+# an example that reads a file: its corpus ships with it (run from the folder holding examples/)
+"$WORK/venv/bin/atlas" examples copy "$WORK/examples" --name text_char
+"$WORK/venv/bin/atlas" train "$WORK/examples/text_char.toml" --steps 2 --out "$WORK/text-run" --no-progress
 test -f "$WORK/run/spec.toml"
 echo "wheel: OK (built, installed in a fresh venv, trained 20 steps from $WORK)" >&2

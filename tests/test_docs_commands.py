@@ -71,7 +71,6 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"--vocab-size \d+", "--vocab-size 300", "a tokenizer the small generated corpus can fill"),
     (r"(?<![\w/.-])spec\.toml\b", "examples/mqar_default.toml", "`spec.toml` stands for "
      "the reader's own spec"),
-    (r"runs/shakespeare", "runs/text-char", "the text run the docs build is examples/text_char.toml"),
     (r"fuzz_specs\.py --count \d+", "fuzz_specs.py --count 12", "a dozen mutated specs "
      "(tests/hostile/test_spec_fuzz.py runs 80)"),
     (r"--cli \d+", "--cli 1", "one fuzzed file through the real commands"),

@@ -11,7 +11,8 @@ table), each in its own run directory, and one row is reported per spec:
   counted: they do not depend on the rule);
 - ``params``, ``accuracy`` (held-out, at the end), ``eval_loss``, ``time_s`` (training wall time).
 
-Without ``out`` the runs live in a temporary directory that is removed after the table is made.
+Without ``out`` the runs live in a temporary directory that is removed after the table is made;
+the training lines call it ``<scratch>`` (``--out DIR`` keeps the runs and names their paths).
 
 Zoology (Arora et al. 2023) predicts that at equal state size l2 (delta-rule) memories recall far
 better than dot-product (Hebbian) ones; the table shows whatever the runs give.
@@ -19,7 +20,9 @@ better than dot-product (Hebbian) ones; the table shows whatever the runs give.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -101,10 +104,31 @@ def compare(
     if len(tasks) > 1:
         raise SpecError([Issue("train.task", "the specs train on different tasks; pass --task to "
                                "compare them on one", sorted(tasks)[0])])
+    if out is not None:
+        return _train_all(loaded, Path(out), progress, on_row, keep=True)
     with tempfile.TemporaryDirectory(prefix="atlas-compare-") as scratch:
-        # without `out` the runs are scratch: removed once the table is made
-        root = Path(out) if out is not None else Path(scratch)
-        return _train_all(loaded, root, progress, on_row, keep=out is not None)
+        # without `out` the runs are scratch, removed once the table is made: the trainer's lines
+        # name them <scratch>/..., not paths that will not exist
+        with contextlib.redirect_stderr(_Renamed(sys.stderr, scratch, SCRATCH)):
+            return _train_all(loaded, Path(scratch), progress, on_row, keep=False)
+
+
+#: what the trainer's lines call the temporary folder of a comparison without ``out``
+SCRATCH = "<scratch>"
+
+
+class _Renamed:
+    """A text stream that writes to ``stream`` with ``old`` replaced by ``new``."""
+
+    def __init__(self, stream: Any, old: str, new: str) -> None:
+        self.stream, self.old, self.new = stream, old, new
+
+    def write(self, text: str) -> int:
+        self.stream.write(text.replace(self.old, self.new))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, fileno, encoding, ...
+        return getattr(self.stream, name)
 
 
 def _train_all(loaded, root: Path, progress: bool, on_row, keep: bool) -> list[dict[str, Any]]:

@@ -173,11 +173,19 @@ def generate_from_checkpoint(
     max_new_tokens: int = 64, temperature: float = 1.0, top_k: int | None = None,
     top_p: float | None = None, greedy: bool = False, seed: int = 0, device: str = "auto",
 ) -> dict[str, Any]:
-    if (prompt is None) == (prompt_ids is None):
-        raise ValueError("give exactly one of --prompt TEXT or --prompt-ids IDS")
+    if prompt is not None and prompt_ids is not None:
+        raise ValueError("give one of --prompt TEXT or --prompt-ids IDS, not both")
     ckpt, model, dev = open_checkpoint(path, device)
     codec = _codec(ckpt)
-    if prompt is not None:
+    unprompted = prompt is None and prompt_ids is None
+    if unprompted:  # a text model samples from a document start; an id model needs its prompt
+        if codec is None:
+            task = _trained_task(ckpt).get("use", "?")
+            raise ValueError(
+                f"this checkpoint was trained on {task}, whose tokens are ids with no start of "
+                "their own; pass --prompt-ids, e.g. --prompt-ids '3 17 5'")
+        ids = document_start(codec)
+    elif prompt is not None:
         if codec is None:
             task = _trained_task(ckpt).get("use", "?")
             raise ValueError(
@@ -204,9 +212,23 @@ def generate_from_checkpoint(
     result: dict[str, Any] = {"checkpoint": str(ckpt.path), "step": ckpt.step,
                               "prompt_ids": ids, "ids": new}
     if codec is not None:
-        result["prompt"] = codec.decode(ids)
+        result["prompt"] = "" if unprompted else codec.decode(ids)
         result["text"] = codec.decode(new)
     return result
+
+
+def document_start(codec: TextCodec) -> list[int]:
+    """The ids a text model starts a document from, when sampling without a prompt: the
+    end-of-text token (subwords), else the blank line that separates documents (bytes, and
+    characters when the text had newlines), else the first character."""
+    if codec.mode == "bpe":
+        from .tokenizer import eot_id
+
+        return [eot_id(codec.tokenizer, "the checkpoint's tokenizer")]
+    try:
+        return codec.encode("\n\n")
+    except ValueError:  # a character vocabulary without a newline
+        return [0]
 
 
 @torch.no_grad()

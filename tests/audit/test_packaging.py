@@ -53,7 +53,11 @@ def test_only_namespaced_top_level_packages(wheel):
     assert "atlas_cli/main.py" in names and "atlas_core/rule.py" in names
     # the example specs travel as atlas_core.examples (`atlas examples`)
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith("atlas_core/examples/")}
-    assert shipped == {p.name for p in (REPO / "examples").glob("*.toml")}
+    assert shipped == {p.name for p in (REPO / "examples").iterdir()
+                       if p.suffix in (".toml", ".txt")}
+    # the text_char example's corpus travels as a file (the checkout's is a link to docs/math.md)
+    corpus = wheel.read("atlas_core/examples/text_char.txt").decode()
+    assert corpus == (REPO / "docs" / "math.md").read_text()
 
 
 def test_entry_points_name_every_bundled_plugin_and_the_command(wheel):

@@ -28,6 +28,26 @@ def test_every_repository_example_is_listed_with_its_summary():
     assert (examples_dir() / "titans_lmm.toml").is_file()
 
 
+def test_summaries_and_costs_are_whole():
+    """The summary is the header's whole first paragraph (not its first line, cut mid-sentence),
+    the cost its whole Cost paragraph (FLOPs, parameters and the measured time), in the table
+    and in the JSON."""
+    rows = {r["name"]: r for r in list_examples()}
+    mac = rows["titans_mac"]
+    assert mac["summary"].startswith("Titans MAC, memory as context")
+    assert mac["summary"].endswith("Decoding buffers the current segment.")
+    assert mac["cost"].startswith("5.1 MFLOP per token") or "MFLOP per token" in mac["cost"]
+    assert "tokens/s training" in mac["cost"] and mac["cost"].endswith("there.")
+    assert "measured and rewritten by" not in mac["cost"]
+    for row in rows.values():
+        assert row["summary"] and "\n" not in row["summary"], row["name"]
+        assert row["cost"].endswith("there."), (row["name"], row["cost"])
+    r = runner.invoke(make_app(plugin_apps=False), ["examples", "list"], terminal_width=200,
+                      catch_exceptions=False)
+    text = " ".join(r.stdout.replace("│", " ").split())  # the table's cells, wrapped lines joined
+    assert "the current segment." in text and "take about" in text
+
+
 def test_copy_writes_the_named_specs_and_refuses_to_overwrite(tmp_path):
     r = invoke(["examples", "copy", str(tmp_path), "--name", "titans_lmm", "--name", "zoo_gla"])
     assert r.exit_code == 0, r.output
@@ -36,5 +56,10 @@ def test_copy_writes_the_named_specs_and_refuses_to_overwrite(tmp_path):
     again = invoke(["--format", "json", "examples", "copy", str(tmp_path), "--name", "zoo_gla"])
     assert again.exit_code == 1 and "--force" in json.loads(again.stdout)["error"]["message"]
     assert invoke(["examples", "copy", str(tmp_path), "--name", "zoo_gla", "--force"]).exit_code == 0
+    # an example that reads a file comes with it (the text_char corpus, also from a wheel)
+    r = invoke(["examples", "copy", str(tmp_path / "text"), "--name", "text_char"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in (tmp_path / "text").iterdir()) == ["text_char.toml", "text_char.txt"]
+    assert 'path = "examples/text_char.txt"' in (tmp_path / "text" / "text_char.toml").read_text()
     bad = invoke(["examples", "copy", str(tmp_path), "--name", "titan_lmm"])
     assert bad.exit_code == 2 and "did you mean 'titans_lmm'" in bad.output

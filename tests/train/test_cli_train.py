@@ -81,6 +81,10 @@ def test_generate_ids(trained):
     assert all(0 <= i < 16 for i in got["ids"])
     bad = invoke(["generate", str(out), "--prompt", "hello"])
     assert bad.exit_code == 1 and "pass --prompt-ids" in bad.stderr
+    # ids have no start of their own: without a prompt, one error saying what to give
+    _one_error_line(invoke(["generate", str(out)]), "no start of their own; pass --prompt-ids")
+    _one_error_line(invoke(["generate", str(out), "--prompt", "a", "--prompt-ids", "1"]),
+                    "not both")
 
 
 def test_text_model_generates_text(tmp_path):
@@ -102,6 +106,12 @@ def test_text_model_generates_text(tmp_path):
     assert set(got["text"]) <= set("abcd ")
     bad = invoke(["generate", str(out), "--prompt", "xyz"])
     assert bad.exit_code == 1 and "'xyz' are not in the model's character vocabulary" in bad.stderr
+    # no prompt: sampled from the start of a document (this text has no newline: its first char)
+    g = invoke(["--format", "json", "generate", str(out), "--max-new-tokens", "5", "--seed", "3"])
+    assert g.exit_code == 0, g.output
+    got = json.loads(g.stdout)
+    assert got["prompt"] == "" and got["prompt_ids"] == [0] and len(got["text"]) == 5
+    assert set(got["text"]) <= set("abcd ")
 
 
 # -- bad input: exit 1, one line, nothing overwritten ------------------------------------------------

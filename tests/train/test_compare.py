@@ -51,3 +51,21 @@ def test_markdown_table_rows():
            "accuracy": 0.5, "eval_loss": 1.25, "time_s": 3.4}
     table = markdown_table([row])
     assert table.splitlines()[-1] == "| a | l2+gd | 2,048 | 4,096 | 1,234 | 0.500 | 1.250 | 3 |"
+
+
+def test_scratch_runs_are_not_named_by_paths_that_are_removed(tmp_path, capfd):
+    """Without ``out`` the runs live in a temporary folder removed after the table: the training
+    lines call it <scratch>; with ``out`` they name the kept runs."""
+    from atlas_core.train.compare import SCRATCH, compare
+
+    spec = copy.deepcopy(TINY)
+    rows = compare([spec], steps=2)
+    err = capfd.readouterr().err
+    assert f"train: run {SCRATCH}/01-{spec['name']}," in err, err
+    assert f"checkpoint {SCRATCH}/01-" in err and "atlas-compare-" not in err, err
+    assert rows[0]["run_dir"] is None and rows[0]["steps"] == 2
+    kept = compare([spec], steps=2, out=tmp_path / "runs")
+    err = capfd.readouterr().err
+    assert f"train: run {tmp_path / 'runs'}/01-" in err and SCRATCH not in err
+    assert (tmp_path / "runs" / f"01-{spec['name']}" / "spec.toml").is_file()
+    assert kept[0]["run_dir"] == str(tmp_path / "runs" / f"01-{spec['name']}")

@@ -165,6 +165,11 @@ def test_train_eval_generate_end_to_end(corpus, tokenizer_file, tmp_path):
     gen = json.loads(r.stdout)
     assert gen["prompt"] == "the memory" and isinstance(gen["text"], str) and len(gen["ids"]) == 8
     assert load_tokenizer(tokenizer_file).decode(gen["ids"], skip_special_tokens=False) == gen["text"]
+    # no prompt: a new document, from the end-of-text token (id 0 of `atlas tokenizer train`)
+    r = invoke(["--format", "json", "generate", str(out), "--max-new-tokens", "4"])
+    assert r.exit_code == 0, r.output
+    free = json.loads(r.stdout)
+    assert free["prompt"] == "" and free["prompt_ids"] == [0] and len(free["ids"]) == 4
     r = invoke(["tokenizer", "export", str(out), str(tmp_path / "back.json")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "back.json").read_text() == tokenizer_file.read_text()
