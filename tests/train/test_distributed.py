@@ -51,11 +51,16 @@ def _assert_same_weights(a, b, atol):
         torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=atol, msg=k)
 
 
-def test_ddp_and_fsdp_on_two_processes_match_one(tmp_path, spec):
+def test_ddp_and_fsdp_on_two_processes_match_one(tmp_path, spec, capfd):
     one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
     r1 = train(TrainOptions(spec=spec, out=str(one), progress=False), nproc=1)
+    capfd.readouterr()
     r2 = train(TrainOptions(spec=spec, out=str(ddp), progress=False), nproc=2)
     assert (r1["world_size"], r2["world_size"]) == (1, 2)
+    # the start line (rank 0's only) says how many processes share the work, and how
+    starts = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("train: run")]
+    assert len(starts) == 1 and " on cpu x 2 processes (data parallel, ddp), " in starts[0], starts
+    assert " thread each (" in starts[0] or " threads each (" in starts[0], starts
     a, b = _trajectory(one), _trajectory(ddp)
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, STEPS + 1))
     for (_, la), (_, lb) in zip(a, b):

@@ -119,8 +119,12 @@ def test_resume_with_a_different_model_is_refused(tmp_path, tiny_spec):
     out = tmp_path / "run"
     train(TrainOptions(spec=tiny_spec, out=str(out), progress=False))
     other = dict(tiny_spec, model={**tiny_spec["model"], "d_model": 32})
-    with pytest.raises(CheckpointError, match=r"different model .*model\.d_model: 16 in the checkpoint, 32 here"):
+    with pytest.raises(CheckpointError, match=r"different model .*model\.d_model: 16 in the checkpoint, 32 here") as err:
         train(TrainOptions(spec=other, resume=str(out), steps=9, progress=False))
+    # the fix fits a SPEC and an override alike (a resume without SPEC changes the model only by
+    # an override): it does not tell a user who gave no SPEC to omit it
+    assert "omit" not in str(err.value)
+    assert "no SPEC, and no override of [model], [memory] or [layer]" in str(err.value)
 
 
 def test_lr_schedule_warmup_then_cosine():
