@@ -61,7 +61,7 @@ def macs_per_token(rule, chunk: int) -> dict[str, float]:
 
 def matmul_rate(rule, chunk: int, batch: int, heads: int, repeats: int = 5) -> float:
     """Multiply-adds per second of one Newton–Schulz step's products (``X X^T``, ``b A + c A A``,
-    ``a X + B X``) on plain random float32 tensors of the chunk's shapes: ``[B H C, r, c]`` per
+    ``(a I + B) X``) on plain random float32 tensors of the chunk's shapes: ``[B H C, r, c]`` per
     weight. The fastest of ``repeats`` runs, no autograd."""
     shapes = [tuple(sorted(s)) for s in _weights(rule).values()]
     n = batch * heads * chunk
@@ -69,11 +69,11 @@ def matmul_rate(rule, chunk: int, batch: int, heads: int, repeats: int = 5) -> f
     xs = [torch.randn(n, r, c, generator=g) / c ** 0.5 for r, c in shapes]
     macs = sum(n * (2 * r * r * c + r ** 3) for r, c in shapes)
 
-    def step():
+    def step():  # the products of `newton_schulz`'s step: X X^T, b A + c A A, (a I + B) X
         for X in xs:
             A = X @ X.mT
             Bm = torch.baddbmm(A, A, A, beta=-4.775, alpha=2.0315)
-            torch.baddbmm(X, Bm, X, beta=3.4445)
+            Bm @ X
 
     with torch.no_grad():
         step()

@@ -481,6 +481,11 @@ class Chunkwise(Strategy):
 
     def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha, anchor):
         S = rule.structure
+        if S.rank_one_grads and hasattr(rule.algorithm, "chunk_factors"):
+            # the gradients as rank-one factors (`Muon.chunk_factors`): no per-token gradient
+            Wall, opt = rule.algorithm.chunk_factors(W, opt, S.grad_factors(anchor, xe, U), Wm,
+                                                     decay=L, gates={**gates, "_A": A})
+            return self._read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
         per_tok = S.grad_per_token(anchor, xe, U)  # {k: [B, H, m, *s]}, at the anchor memory
         if rule.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
             w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
@@ -494,12 +499,14 @@ class Chunkwise(Strategy):
             Wall, opt = _step_through(rule, W, opt, G, alpha, gates)
         else:
             Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, gates={**gates, "_A": A})
+        return self._read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
+
+    @staticmethod
+    def _read_chunk(rule, W, Wall, psi):
+        """Per-token reads at the per-token weights ``Wall`` (at ``M_{t-1}`` for read before)."""
         if rule.read == "before":
-            Wread = {k: _shift_rows(w, W[k].unsqueeze(2)) for k, w in Wall.items()}
-        else:
-            Wread = Wall
-        y = S.read_per_token(Wread, psi)
-        return y, {k: w[:, :, -1] for k, w in Wall.items()}, opt
+            Wall = {k: _shift_rows(w, W[k].unsqueeze(2)) for k, w in Wall.items()}
+        return rule.structure.read_per_token(Wall, psi)
 
 
 def _key_linear_chunk(rule, M0, x, U, psi, alpha, w):

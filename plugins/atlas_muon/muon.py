@@ -129,6 +129,36 @@ class Muon(Algorithm):
         return out, opt
 
 
+    def chunk_factors(self, W0, opt0, fac, Wm, *, decay, gates):
+        """`chunk` with the anchored gradients given as rank-one factors (a structure with
+        ``rank_one_grads``): position l of the window-extended chunk contributes
+        ``delta_l z_l^T`` to each weight's gradient (``fac[k] = (delta [B, H, m, out],
+        z [B, H, m, in])``) and token t's gradient is ``G_t = sum_l Wm[t, l] delta_l z_l^T``.
+        The same result as `chunk` on those G, without forming them: with ``K = E Wm``
+        (``[B, H, C, m]``)::
+
+            Z_t = P_t Z_0 + sum_l K[t, l] delta_l z_l^T     one product [C, out, m] x [m, in]
+            M_t = A_t M_0 - sum_j L[t, j] theta_j N_j       one product [C, C + 1] x [C + 1, |W|]
+
+        (the second with ``M_0`` as an extra column of the coefficient matrix)."""
+        eta, theta, A = gates["eta"], gates["theta"], gates["_A"]  # [B, H, C]
+        K = decay_matrix(eta) @ Wm  # [B, H, C, m]
+        P = torch.cumprod(eta, dim=-1)
+        # [-L diag(theta) | A]: the coefficients of N_1 .. N_C and of M_0 in every M_t
+        coef = torch.cat([-decay * theta.unsqueeze(-2), A.unsqueeze(-1)], dim=-1)  # [B, H, C, C + 1]
+        out, opt = {}, {}
+        for k, w0 in W0.items():
+            delta, z = fac[k]
+            self._check_matrix(k, w0, 2)
+            D = (K.unsqueeze(-1) * delta.unsqueeze(2)).transpose(-1, -2)  # [B, H, C, out, m]
+            Z = torch.addcmul(D @ z.unsqueeze(2), _bc(P, D), opt0[f"Z.{k}"].unsqueeze(2))
+            N = self.ns(Z)  # [B, H, C, out, in]
+            NW = torch.cat([N, w0.unsqueeze(2)], dim=2).flatten(3)  # [B, H, C + 1, |W|]
+            out[k] = (coef @ NW).unflatten(-1, w0.shape[-2:])
+            opt[f"Z.{k}"] = Z[:, :, -1]
+        return out, opt
+
+
 def build(params, ctx) -> Muon:
     if params is None:
         return Muon()

@@ -19,6 +19,9 @@ Precision: the iteration runs in at least float32 (bf16 / fp16 in -> float32 com
 back; float32 and float64 keep their dtype), because the quintic's cancellations lose everything
 in half precision. Differentiable: autograd goes through every iteration (the outer loop trains
 through the inner one). A zero matrix gives zeros, and a finite gradient, thanks to ``eps``.
+
+Each step is ``A = X X^T``, ``B = a I + b A + c A A`` and ``X <- B X``: three batched products, the
+``a X`` term folded into the small r x r factor.
 """
 
 from __future__ import annotations
@@ -80,7 +83,10 @@ def newton_schulz(
     for _ in range(steps):
         A = X @ X.mT  # (N, r, r), r = min(rows, cols)
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)  # b A + c A A, fused
-        X = torch.baddbmm(X, B, X, beta=a)  # a X + B X, fused
+        # a X + B X = (a I + B) X: the a I goes on the small r x r side, so the step is one
+        # product (baddbmm with X as its addend would first copy the r x c X into its output)
+        B.diagonal(dim1=-2, dim2=-1).add_(a)
+        X = B @ X
     X = X.reshape(*lead, r, c_)
     if tall:
         X = X.mT
