@@ -24,6 +24,10 @@ from .availability import interpreter_on, launch_errors, launch_fallback, tensor
 MAX_HEAD_DIM = 128  # Dk (Dphi) and Dv
 MAX_CHUNK = 64  # C
 MAX_EXTENDED = 128  # C + c - 1, the rows of one chunk with its Omega look-back
+# the backward kernel at Dk = 128 needs 262,144 B of shared memory per block even at C + c - 1 = 64
+# (an H100 allows 232,448; docs/kernels.md "Resources on sm_90"): calls that need gradients run
+# the kernels up to Dk = 64
+MAX_BACKWARD_HEAD_DIM = 64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -96,6 +100,12 @@ class ChunkLinearBackend(Backend):
         for t in tensors:
             if t.dtype not in DTYPES:
                 return False, f"dtype {t.dtype} is not supported (float32, bfloat16, float16)"
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        if backward and _pow2(dk) > MAX_BACKWARD_HEAD_DIM:
+            return False, (
+                f"gradients are needed and Dphi={dk} > {MAX_BACKWARD_HEAD_DIM}: the backward kernel's "
+                "tiles need more shared memory than a GPU block has (262,144 B on sm_90 at Dphi = 128)"
+            )
         ok, why = tensors_runnable(*tensors)
         if not ok:
             return False, why
@@ -104,7 +114,6 @@ class ChunkLinearBackend(Backend):
             from .compile_check import device_fits
 
             cfg = Config.make(C, c, dk, dv, kind, rule.read, form == "momentum", p.psi.dtype)
-            backward = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
             return device_fits(cfg, p.psi.dtype, backward, p.psi.device)
         return True, ""
 

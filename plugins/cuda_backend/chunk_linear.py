@@ -62,13 +62,18 @@ def block(n: int) -> int:
 VALUE_BLOCK = 64
 
 
+def value_block(BK: int, BV: int, backward: bool) -> int:
+    """The value dims one program carries (``BV``: Dv padded)."""
+    return min(BV, VALUE_BLOCK)
+
+
 def launch_options(BK: int, BV: int, BM: int, momentum: bool, backward: bool) -> dict:
     """num_warps and num_stages for a tile size (docs/kernels.md "Resources on sm_90").
 
     ``num_stages = 1``: the chunk loop is sequential through the state, so software pipelining
     of its loads buys little, and its multi-buffered copies are what pushed the D = 128 tiles
     past the 227 KiB of shared memory an H100 block may use."""
-    return dict(num_warps=4 if BK * BV <= 4096 else 8, num_stages=1)
+    return dict(num_warps=8 if BK * BV > (2048 if backward else 4096) else 4, num_stages=1)
 
 
 @dataclass(frozen=True)
@@ -85,27 +90,32 @@ class Config:
     BC: int
     BM: int
     BK: int
-    BV: int
-    NV: int
+    BV: int  # the forward's value block
+    BVB: int  # the backward's
     precision: str
     input_precision: str
 
     @classmethod
     def make(cls, chunk_size, window, dk, dv, bias, read, momentum, dtype) -> "Config":
-        BV = min(block(dv), VALUE_BLOCK)
+        BK = block(dk)
         return cls(
             chunk_size=chunk_size, window=window, l2=(bias == "l2"), momentum=momentum,
             before=(read == "before"), BC=block(chunk_size), BM=block(chunk_size + window - 1),
-            BK=block(dk), BV=BV, NV=triton.cdiv(dv, BV),
+            BK=BK, BV=value_block(BK, block(dv), False), BVB=value_block(BK, block(dv), True),
             precision=precision_for(dtype), input_precision=input_precision_for(dtype),
         )
 
+    def programs(self, dv: int, backward: bool = False) -> int:
+        """Programs per (batch, head): NV = ceil(Dv / value block)."""
+        return triton.cdiv(dv, self.BVB if backward else self.BV)
+
     def launch(self, backward: bool = False) -> dict:
         """Constexprs and launch options (see `launch_options`)."""
+        BV = self.BVB if backward else self.BV
         return dict(
-            BC=self.BC, BM=self.BM, BK=self.BK, BV=self.BV, L2=self.l2, MOMENTUM=self.momentum,
+            BC=self.BC, BM=self.BM, BK=self.BK, BV=BV, L2=self.l2, MOMENTUM=self.momentum,
             BEFORE=self.before, PREC=self.precision, PREC_IN=self.input_precision,
-            **launch_options(self.BK, self.BV, self.BM, self.momentum, backward),
+            **launch_options(self.BK, BV, self.BM, self.momentum, backward),
         )
 
 
@@ -136,7 +146,7 @@ class ChunkLinearFn(torch.autograd.Function):
         m_chk = torch.empty(BH, NT, DV, DK, **f32)
         z_chk = torch.empty(BH, NT, DV, DK, **f32) if cfg.momentum else m_chk
         with device_guard(psi):
-            chunk_linear_fwd_kernel[(BH, cfg.NV)](
+            chunk_linear_fwd_kernel[(BH, cfg.programs(DV))](
                 *args, eta_f, lag_f, m0_f, z0_f, y, m_out, z_out, m_chk, z_chk,
                 T, NT, DK, DV, C, c, **cfg.launch(),
             )

@@ -243,7 +243,7 @@ def chunk_linear_backward(ctx, dy, dM, dZ):
     dzT = dmT
     if cfg.momentum:
         dzT = torch.zeros(BH, DV, DK, **f32) if dZ is None else dZ.reshape(BH, DV, DK).float().contiguous()
-    NV = cfg.NV  # value blocks: the gradients summed over value dims come back per block
+    NV = cfg.programs(DV, backward=True)  # value blocks: gradients summed over value dims come per block
     dpsi = torch.empty(NV, BH, T, DK, **f32)
     dxk = torch.zeros(NV, BH, TE, DK, **f32)
     dxv = torch.zeros(BH, TE, DV, **f32)

@@ -87,6 +87,35 @@ def compile_config(cfg: KernelConfig, arch: int = 90):
                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
+def shared_bytes(cfg: KernelConfig, arch: int = 90) -> int:
+    """``metadata.shared`` without the slow half of the pipeline: Triton decides shared memory when
+    it lowers to LLVM IR, so only the ttir -> ttgir -> llir stages run here (seconds, where the
+    PTX and ptxas stages of a D = 128 kernel take minutes). Equals `compile_config`'s."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    fn = cfg.function()
+    sig = cfg.signature()
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig.get(n, "").startswith("*")}
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    src = ASTSource(fn, sig, dict(cfg.constexprs), attrs)
+    options = backend.parse_options(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, options, backend.get_codegen_implementation(options),
+                         backend.get_module_map(), context)
+    stages: dict = {}
+    backend.add_stages(stages, options, src.language)
+    metadata = {"hash": "shared-only", "target": target, **options.__dict__}
+    for ext in ("ttir", "ttgir", "llir"):
+        module = stages[ext](module, metadata)
+    return int(metadata["shared"])
+
+
 def ptxas_path(arch: int) -> str:
     from triton.backends.nvidia.compiler import get_ptxas
 
@@ -182,11 +211,12 @@ def shared_fits(cfg, dtype: str, directions, arch: int, limit: int) -> tuple[boo
     """Whether the kernels of ``cfg`` fit ``limit`` bytes of shared memory per block on
     ``cuda:arch``: exactly the check Triton makes before a launch (``OutOfResources``)."""
     for direction in directions:
-        need = compile_config(chunk_linear_kernel(cfg, direction, dtype), arch).metadata.shared
+        need = shared_bytes(chunk_linear_kernel(cfg, direction, dtype), arch)
         if need > limit:
             what = "forward" if direction == "fwd" else "backward"
             return False, (f"the {what} kernel needs {need} B of shared memory per block at these "
-                           f"sizes (tiles C={cfg.BC}, C+c-1={cfg.BM}, Dk={cfg.BK}, Dv block={cfg.BV}); "
+                           f"sizes (tiles C={cfg.BC}, C+c-1={cfg.BM}, Dk={cfg.BK}, "
+                           f"Dv block={cfg.BVB if direction == 'bwd' else cfg.BV}); "
                            f"the device allows {limit} B")
     return True, ""
 
@@ -209,14 +239,18 @@ def mru_configs(dtype: str, d: int) -> list[KernelConfig]:
 
 
 def boundary_configs() -> list[KernelConfig]:
-    """The largest configuration per (direction, dtype, momentum, window): D = 128, C = 64, and
-    with a window C + c - 1 = 128 rows."""
+    """The largest configuration per (direction, dtype, momentum, window) the backend dispatches:
+    C = 64, without a window (64 rows) and with C + c - 1 = 128 rows; Dk = Dv = 128 forward, and
+    Dk = 64 (the backward's limit, `backend_chunk.MAX_BACKWARD_HEAD_DIM`), Dv = 128 backward."""
+    from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_HEAD_DIM
+
     out = []
     for direction in ("fwd", "bwd"):
+        dk = MAX_HEAD_DIM if direction == "fwd" else MAX_BACKWARD_HEAD_DIM
         for dtype in ("fp32", "bf16"):
             for momentum in (False, True):
                 for window in (1, 65):
-                    out.append(chunk_linear_config(direction, dtype, dk=128, dv=128, chunk=64,
+                    out.append(chunk_linear_config(direction, dtype, dk=dk, dv=MAX_HEAD_DIM, chunk=64,
                                                    window=window, momentum=momentum))
     return out
 

@@ -198,6 +198,22 @@ def test_verifier_accepts_the_largest_sizes():
     assert ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=64)), rule, p) == (True, "")
 
 
+def test_verifier_refuses_the_backward_above_dk_64():
+    """The backward kernel does not fit a GPU block's shared memory at Dk = 128: a call that needs
+    gradients is refused there (forward-only calls are served), and served at Dk = 64."""
+    strat = Chunkwise(ChunkwiseParams(chunk_size=64))
+    for d, ok in ((128, False), (64, True)):
+        rule = make_rule("l2", "momentum", "before", 16, d=d, anchor=64)
+        q, k, v, gates = _inputs(rule, d=d, T=64)
+        p = rule.prepare(q.requires_grad_(True), k, v, gates=gates)
+        got = ChunkLinearBackend().verify(strat, rule, p)
+        assert got[0] is ok, got
+        if not ok:
+            assert "gradients are needed and Dphi=128 > 64" in got[1]
+            with torch.no_grad():
+                assert ChunkLinearBackend().verify(strat, rule, rule.prepare(q, k, v, gates=gates)) == (True, "")
+
+
 def test_verifier_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
     rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

@@ -75,7 +75,8 @@ def test_value_dims_split_across_programs(momentum, device, monkeypatch):
 
     monkeypatch.setattr(op, "VALUE_BLOCK", 16)
     d, C = 40, 8
-    assert op.Config.make(C, 4, d, d, "l2", "after", momentum, torch.float32).NV == 3
+    cfg = op.Config.make(C, 4, d, d, "l2", "after", momentum, torch.float32)
+    assert cfg.programs(d) == 3 and cfg.programs(d, backward=True) == 3
     rule = make_rule("l2", "momentum" if momentum else "gd", "after", 4, d=d, anchor=C)
     leaves = make_leaves(rule, 24, seed=9, d=d)
     want = run(rule, leaves, chunk_size=C, backend="torch")
