@@ -327,16 +327,19 @@ def config_key(cfg: KernelConfig, arch: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def row(cfg: KernelConfig, arch: int, known: dict | None = None) -> dict:
+def row(cfg: KernelConfig, arch: int, known: dict | None = None, shared_only: bool = False) -> dict:
     """One table row: the configuration and its measured resources. ``known`` maps `config_key`
-    to rows measured before (a results file): a row whose key is there is not compiled again."""
+    to rows measured before (a results file): a row whose key is there is not compiled again.
+    ``shared_only``: measure shared memory alone (`shared_bytes`, no PTX, no ptxas)."""
     key = config_key(cfg, arch)
     if known and key in known:
         return dict(known[key], label=cfg.label, recorded=True)
+    measured = (dict(shared=shared_bytes(cfg, arch), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                if shared_only else resources(cfg, arch))
     return dict(label=cfg.label, key=key, kernel=cfg.kernel.split(":")[1], dtype=cfg.dtype, arch=arch,
                 limit=SHARED_LIMIT.get(arch), **{k: v for k, v in cfg.constexprs.items()
                                                   if k in ("BC", "BM", "BK", "BV", "BD")},
-                **resources(cfg, arch))
+                **measured)
 
 
 def load_rows(path: str) -> dict:
@@ -357,15 +360,16 @@ def offset_kernels() -> list[KernelConfig]:
     return out + mru_configs("fp32", 16)
 
 
-def run_isolated(what: str, arch: int = 90, known: str | None = None, timeout: float = 3600) -> list[dict]:
+def run_isolated(what: str, arch: int = 90, known: str | None = None, shared_only: bool = False,
+                 timeout: float = 7200) -> list[dict]:
     """This module's command line in a subprocess without TRITON_INTERPRET; its JSON rows
     (``known``: a results file whose rows are reused where the configuration's key matches)."""
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "atlas_plugins.cuda_backend.compile_check", what, "--arch", str(arch)]
-    out = subprocess.run(cmd + (["--known", known] if known else []), env=env, capture_output=True,
-                         text=True, timeout=timeout)
+    cmd += (["--known", known] if known else []) + (["--shared-only"] if shared_only else [])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"compile_check {what} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout)
@@ -378,6 +382,7 @@ def main(argv=None) -> None:
     ap.add_argument("what", choices=["boundary", "full", "ttir"])
     ap.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100), 80 (A100)")
     ap.add_argument("--known", default=None, help="a results file: rows whose key matches are reused")
+    ap.add_argument("--shared-only", action="store_true", help="measure only shared memory (faster)")
     args = ap.parse_args(argv)
     if args.what == "ttir":
         rows = [dict(label=c.label, pointers=[n for n, t in c.signature().items() if t.startswith("*")],
@@ -385,7 +390,7 @@ def main(argv=None) -> None:
     else:
         cfgs = boundary_configs() if args.what == "boundary" else kernel_configs()
         known = load_rows(args.known)
-        rows = [row(c, args.arch, known) for c in cfgs]
+        rows = [row(c, args.arch, known, args.shared_only) for c in cfgs]
     json.dump(rows, __import__("sys").stdout)
 
 

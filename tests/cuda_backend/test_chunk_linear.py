@@ -202,7 +202,7 @@ def test_half_inputs_accumulate_in_float32(dtype, device):
     the same rounded inputs (the only rounding left is y's final cast and the products' inputs).
     Under the interpreter the TF32 products are emulated (conftest.py), so these tolerances are the
     GPU's: the state stays within 1e-5 because every product with a computed float32 operand is
-    IEEE, and the TF32 product psi . x multiplies half values TF32 represents exactly."""
+    IEEE."""
     from atlas_plugins.cuda_backend.chunk_linear import chunk_linear
 
     g = torch.Generator().manual_seed(11)
