@@ -44,7 +44,8 @@ def test_valid_spec_fills_every_default(reg):
     assert spec.memory["retention"] == {"use": "core:decay"}  # the spec's override
     assert spec.memory["read"] == "after"
     assert spec.memory["anchor"] == 4  # written; chunkwise's chunk_size 4 divides it
-    assert spec.memory["parallel"] == {"use": "core:chunkwise", "chunk_size": 4, "backend": None}
+    assert spec.memory["parallel"] == {"use": "core:chunkwise", "chunk_size": 4, "backend": None,
+                                      "checkpoint": None, "memory_budget_mib": 1024.0}
     # [layer]: every LayerParams field present, the written one kept
     assert set(spec.layer) == set(LayerParams.model_fields)
     assert spec.layer["conv_size"] == 2 and spec.layer["qk_norm"] is True
@@ -75,7 +76,9 @@ def test_parallel_defaults_to_auto_and_auto_is_resolved(reg):
     assert spec.memory["parallel"] == auto.memory["parallel"]
     # the anchored rule: core:chunkwise runs it, its chunk left to the anchor's largest divisor
     anchored = spec_with(reg, memory={"algorithm": "core:momentum", "anchor": 16})
-    assert anchored.memory["parallel"] == {"use": "core:chunkwise", "chunk_size": None, "backend": None}
+    assert anchored.memory["parallel"] == {"use": "core:chunkwise", "chunk_size": None,
+                                          "backend": None, "checkpoint": None,
+                                          "memory_budget_mib": 1024.0}
     # a memory-free bias (core:dot) at anchor 1: core:chunkwise runs it at any chunk
     dot = spec_with(reg, memory={"bias": "core:dot"})
     assert dot.memory["anchor"] == 1 and dot.memory["parallel"]["use"] == "core:chunkwise"
