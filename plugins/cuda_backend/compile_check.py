@@ -29,7 +29,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 
-# shared memory per block a kernel may use (the opt-in maximum): H100/H200 and A100
+# shared memory per block a kernel may use (the opt-in maximum) by compute capability
 SHARED_LIMIT = {90: 232_448, 80: 166_912, 89: 101_376, 86: 101_376}
 _TY = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
 
@@ -67,6 +67,16 @@ class KernelConfig:
                 sig[name] = _TY[self.dtype] if name in self.pointers_in else "*fp32"
         return sig
 
+    def source(self):
+        """Triton's ASTSource, with pointers 16-byte aligned as torch allocates them (the launch
+        specialises the same way)."""
+        from triton.compiler import ASTSource
+
+        fn, sig = self.function(), self.signature()
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if sig.get(n, "").startswith("*")}
+        return ASTSource(fn, sig, dict(self.constexprs), attrs)
+
 
 # integer (non-pointer) arguments of the kernels
 _INT_ARGS = {"T", "NT", "DK", "DV", "C", "W", "D"}
@@ -76,14 +86,8 @@ def compile_config(cfg: KernelConfig, arch: int = 90):
     """Compile for ``cuda:arch`` (no GPU needed); returns Triton's CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    fn = cfg.function()
-    # pointers 16-byte aligned, as torch allocates them (the launch specialises the same way)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in cfg.signature()
-             and cfg.signature()[n].startswith("*")}
-    src = ASTSource(fn, cfg.signature(), dict(cfg.constexprs), attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+    return triton.compile(cfg.source(), target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
 
 
@@ -93,15 +97,11 @@ def shared_bytes(cfg: KernelConfig, arch: int = 90) -> int:
     PTX and ptxas stages of a D = 128 kernel take minutes). Equals `compile_config`'s."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    fn = cfg.function()
-    sig = cfg.signature()
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig.get(n, "").startswith("*")}
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
-    src = ASTSource(fn, sig, dict(cfg.constexprs), attrs)
+    src = cfg.source()
     options = backend.parse_options(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     context = ir.context()
     ir.load_dialects(context)
