@@ -32,13 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from .errors import SpecError
-from .spec.model import TOP_LEVEL_KEYS
-from .spec.overrides import (
-    COMMON_FLAGS, Override, flag_overrides, from_mapping, load_with_overrides, parse_overrides,
-)
+
+if TYPE_CHECKING:  # the spec package sits on top of the core: loaded when a call needs it
+    from .spec.overrides import Override
 
 # the keys of a finished run's result that `Run.metrics` holds
 METRIC_KEYS = ("steps", "accuracy", "eval_loss", "perplexity", "eval_tokens", "params", "time_s",
@@ -103,6 +102,9 @@ def collect_overrides(overrides: Iterable[str | Override] | None = None,
                       keywords: Mapping[str, Any] | None = None,
                       **common: Any) -> list[Override]:
     """Every override of a `train` call, in the order they apply (module docstring)."""
+    from .spec.model import TOP_LEVEL_KEYS
+    from .spec.overrides import Override, flag_overrides, from_mapping, parse_overrides
+
     out: list[Override] = []
     texts = [o for o in overrides or () if not isinstance(o, Override)]
     parsed = iter(parse_overrides(texts))
@@ -121,6 +123,8 @@ def collect_overrides(overrides: Iterable[str | Override] | None = None,
 
 def _unknown_keyword(key: str) -> str:
     from .errors import did_you_mean
+    from .spec.model import TOP_LEVEL_KEYS
+    from .spec.overrides import COMMON_FLAGS
 
     head = key.split(".", 1)[0]
     hint = did_you_mean(head, [*TOP_LEVEL_KEYS, *COMMON_FLAGS])
@@ -139,6 +143,7 @@ def _spec_to_train(spec: Any, ovs: list[Override], resume: str | None, out: str 
     """What `TrainOptions.spec` gets: ``spec`` as given when there is no override, else the
     resolved spec (a mapping) with the overrides applied."""
     from .spec.model import Spec
+    from .spec.overrides import load_with_overrides
 
     if not ovs:
         if isinstance(spec, Spec):
@@ -162,6 +167,7 @@ def _spec_to_train(spec: Any, ovs: list[Override], resume: str | None, out: str 
 def _resumed_spec(resume: str, out: str | None, progress: bool, ovs: list[Override]):
     """The spec a resume without SPEC trains (the run's, as `atlas_core.train.trainer.train` picks
     it, with its checks), with ``ovs`` applied to its resolved tables."""
+    from .spec.overrides import load_with_overrides
     from .train.checkpoint_preflight import checked_load_checkpoint
     from .train.setup import TrainOptions, _refuse_stored_files
     from .train.trainer import restart_unsaved
@@ -180,6 +186,7 @@ def _launch_options() -> set[str]:
     engine) rather than what it trains: `train` passes them through as keywords."""
     import dataclasses
 
+    from .spec.overrides import COMMON_FLAGS
     from .train.setup import TrainOptions
 
     spec_keys = {"spec", "out", "resume", "progress", "run_dir_checked", *COMMON_FLAGS}

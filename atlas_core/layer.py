@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import Field
-from .spec.bounds import size_field
+from .params import size_field
 from torch import nn
 
 from .errors import Issue, SpecError, did_you_mean

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
-from .spec.bounds import size_field
+from .params import size_field
 from torch import nn
 
 from .errors import Issue, SpecError

@@ -4,7 +4,7 @@ applied, `atlas_core.spec.overrides`) and report its parameters per block.
 ``--device meta`` constructs the model under ``torch.device("meta")``: shapes and parameter
 counts without allocating memory, so even a large spec can be checked on a laptop. Before the
 model is built, its parameter count is estimated from builds of one and two blocks on the meta
-device (`atlas_core.spec.bounds.check_model_size`): a spec over 10**10 parameters is one error,
+device (`atlas_core.preflight.check_model_size`): a spec over 10**10 parameters is one error,
 not a build that runs for hours.
 """
 
@@ -44,7 +44,7 @@ def build_report(file: str, device: str = "cpu", overrides: list | None = None) 
     import torch
 
     from atlas_core.model import build_model
-    from atlas_core.spec.bounds import check_model_size
+    from atlas_core.preflight import check_model_size
 
     check_model_size(spec)  # counted from one- and two-block builds before the whole is built
     log(f"building {spec.arch} from {file} on {device}")

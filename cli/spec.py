@@ -99,7 +99,7 @@ def _build_on_meta(spec) -> None:
     import torch
 
     from atlas_core.model import build_model
-    from atlas_core.spec.bounds import check_model_size
+    from atlas_core.preflight import check_model_size
 
     check_model_size(spec)  # builds one and two blocks on meta: their checks ran
     depth = spec.model.get("depth")

@@ -8,7 +8,7 @@ nested thousands deep; unknown component names and keys; strings where tables go
 where strings go; and damaged files (truncated, invalid UTF-8, NUL bytes, over the size limit).
 
 Each mutated spec goes through the spec validator (`atlas_core.spec.load_spec`); an accepted one
-is then checked for its size (`atlas_core.spec.bounds.check_model_size`, which builds one and two
+is then checked for its size (`atlas_core.preflight.check_model_size`, which builds one and two
 blocks on the meta device), built whole on the meta device (up to 64 blocks, as ``atlas spec
 validate`` does) and, when it has at most ``--forward-params`` parameters, built on the CPU and
 run forward once on a few tokens. Outcomes:
@@ -247,7 +247,7 @@ def check_file(path: str, forward_params: int = 2_000_000) -> dict[str, Any]:
     stage = "validate"
     try:
         from atlas_core.spec import load_spec
-        from atlas_core.spec.bounds import check_model_size
+        from atlas_core.preflight import check_model_size
 
         spec = load_spec(Path(path))
         stage = "size"

@@ -21,9 +21,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import AtlasError, Issue, PluginError, SpecError, UnknownComponentError, did_you_mean
+from ..params import Params  # noqa: F401  (the params base, re-exported for plugins)
 
 KINDS = (
     "structure",
@@ -71,13 +72,6 @@ def canonical_distribution(name: str) -> str:
     import re
 
     return re.sub(r"[-_.]+", "-", str(name)).lower()
-
-
-class Params(BaseModel):
-    """Base class of component params: unknown keys are errors, values are immutable, floats are
-    finite (``inf`` and ``nan`` are refused; sizes are bounded by `atlas_core.spec.bounds`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

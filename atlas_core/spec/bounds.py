@@ -23,15 +23,15 @@ kind            limit        used for
 ``kernel``      1,024        convolution taps
 ==============  ===========  ================================================================
 
-Params models declare a size with `size_field` (pydantic then refuses a value above the limit:
+Params models declare a size with `size_field` (`atlas_core.params`, re-exported here) (pydantic then refuses a value above the limit:
 "Input should be less than or equal to 1024"). Whatever a model declares, `spec_value_issues`
 refuses in every resolved section an integer beyond ``2**53`` (no size or count is that large,
 and a float could not hold it) and a non-finite float (``inf``, ``nan``), which the params base
 class (`atlas_core.host.registry.Params`) already refuses field by field.
 
-`estimate_params` and `check_model_size` are the parameter-count preflight: the count of the
-model a spec describes, extrapolated from builds of one and two blocks on the meta device, and a
-`SpecError` when it exceeds `MAX_PARAMS` (10**10 parameters, 40 GB in float32). The spec
+The parameter-count preflight that builds models (`atlas_core.preflight`: `estimate_params`,
+`check_model_size`) sits on top of this package and the model builders; here: `MAX_PARAMS`
+(10**10 parameters, 40 GB in float32) and `too_big_issue`. The spec
 resolver checks a closed-form estimate (`lm_estimate`: the embedding, the MLPs and the memory
 layers' projections, with ``[layer]``'s head sizes) so that ``model.depth = 10**9`` is refused
 when the spec is read; ``atlas build`` and ``atlas spec validate`` run the
@@ -43,45 +43,10 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator, Mapping
 
-from pydantic import Field
+from ..errors import Issue
+from ..params import LIMITS, MAX_INT, limit, size_field  # noqa: F401  (re-exported)
 
-from ..errors import Issue, SpecError
-
-LIMITS: dict[str, int] = {
-    "depth": 1024,
-    "mem_depth": 64,
-    "width": 65536,
-    "heads": 4096,
-    "ratio": 256,
-    "vocab": 1 << 24,
-    "seq_len": 1 << 20,
-    "chunk": 65536,
-    "window": 4096,
-    "steps": 10**9,
-    "batch": 1 << 20,
-    "iterations": 1000,
-    "kernel": 1024,
-}
 MAX_PARAMS = 10**10
-MAX_INT = 1 << 53
-#: The block count at which the preflight extrapolates instead of building every block.
-_EXTRAPOLATE_ABOVE = 2
-
-
-def limit(kind: str) -> int:
-    """The upper bound of a size of ``kind`` (see `LIMITS`)."""
-    return LIMITS[kind]
-
-
-def size_field(default: Any, kind: str, *, ge: int | float | None = 1, **kwargs: Any) -> Any:
-    """A pydantic ``Field`` for a size of ``kind``: at least ``ge`` and at most ``limit(kind)``.
-
-    ``size_field(2, "depth", description="number of blocks")`` is
-    ``Field(2, ge=1, le=1024, description=...)``. A float kind (``ratio``) takes ``gt`` instead
-    of ``ge`` through ``kwargs``."""
-    if "gt" in kwargs:
-        ge = None
-    return Field(default, ge=ge, le=LIMITS[kind], **kwargs)
 
 
 # -- every value of a resolved section ----------------------------------------------------------
@@ -196,55 +161,3 @@ def explain_model_issues(issues: list[Issue], table: Mapping[str, Any]) -> list[
                           "choose a smaller size")
         out.append(issue)
     return out
-
-
-def _count(spec_data: dict[str, Any], registry: Any) -> int:
-    import torch
-
-    from ..model import build_model
-
-    with torch.device("meta"):
-        model = build_model(spec_data, registry=registry)
-    return sum(p.numel() for p in model.parameters())
-
-
-def estimate_params(spec: Any, registry: Any = None) -> int:
-    """The number of parameters of the model ``spec`` (a resolved `Spec`) describes.
-
-    A model of at most two blocks (or without a ``depth``) is built on the meta device and
-    counted. A deeper one is counted from builds of one and two blocks: the part outside the
-    blocks, a memory block and (when ``memory_layers`` names only some blocks) a plain one, then
-    ``outside + memory blocks * memory block + other blocks * plain block``."""
-    data = spec.to_dict()
-    data.pop("train", None)
-    model = data["model"]
-    depth = model.get("depth")
-    if not isinstance(depth, int) or depth <= _EXTRAPOLATE_ABOVE:
-        return _count(data, registry)
-
-    def variant(n: int, layers: list[int] | None) -> int:
-        d = {**data, "model": {**model, "depth": n}}
-        if "memory_layers" in model:
-            d["model"]["memory_layers"] = layers
-        return _count(d, registry)
-
-    one, two = variant(1, None), variant(2, None)
-    mem_block = two - one
-    outside = one - mem_block
-    layers = model.get("memory_layers")
-    if layers is None:
-        return outside + depth * mem_block
-    plain_block = variant(2, [1]) - one
-    n_mem = len(layers)
-    return outside + n_mem * mem_block + (depth - n_mem) * plain_block
-
-
-def check_model_size(spec: Any, registry: Any = None, limit_params: int = MAX_PARAMS) -> int:
-    """`estimate_params`, or a `SpecError` when it exceeds ``limit_params``."""
-    total = estimate_params(spec, registry)
-    if total > limit_params:
-        model = spec.model
-        key = "depth" if isinstance(model.get("depth"), int) and model["depth"] > 64 else "d_model"
-        raise SpecError([too_big_issue(float(total), f"model.{key}", model.get(key), limit_params)],
-                        spec.source)
-    return total

@@ -24,33 +24,13 @@ the knob's params model returns them; they are not expanded.
 
 from __future__ import annotations
 
-import enum
-from pathlib import PurePath
 from typing import Any, Mapping
-
-from pydantic import BaseModel
 
 from ..errors import AtlasError, Issue, SpecError
 from ..host.registry import Registry, split_use
+from ..params import plain  # noqa: F401  (re-exported: spec.resolve reads it from here)
 
 DEFAULT_PARALLEL = "auto"
-
-
-def plain(value: Any) -> Any:
-    """Params as plain TOML/JSON-friendly data (tuples -> lists, enums -> values, ...)."""
-    if isinstance(value, BaseModel):
-        return plain(value.model_dump())
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted(plain(v) for v in value)
-    if isinstance(value, enum.Enum):
-        return plain(value.value)
-    if isinstance(value, PurePath):
-        return str(value)
-    return value
 
 
 def canonical_component(reg: Registry, kind: str, value: Any, path: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from ..spec.bounds import size_field
+from ..params import size_field
 
 from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc

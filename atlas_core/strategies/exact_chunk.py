@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 
 from ..host.registry import Params
-from ..spec.bounds import size_field
+from ..params import size_field
 from ..knobs.retention import Retention
 from .base import Strategy
 from .decay import decay_matrix

@@ -42,7 +42,7 @@ import math
 from typing import Any, Literal, Mapping
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from ..spec.bounds import size_field
+from ..params import size_field
 
 from ..errors import Issue, SpecError, did_you_mean
 from ..host.registry import Params, split_use

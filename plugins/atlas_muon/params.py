@@ -9,7 +9,7 @@ import math
 from typing import Annotated
 
 from pydantic import Field, field_validator
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 
 from atlas_core.host.registry import Params
 

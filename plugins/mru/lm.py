@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from pydantic import Field
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 from torch import nn
 
 from atlas_core.errors import Issue, SpecError
@@ -120,7 +120,7 @@ def _check_layer_table(spec: Any) -> None:
     if not layer:
         return
     from atlas_core.layer import LayerParams
-    from atlas_core.spec.memory import plain
+    from atlas_core.params import plain
 
     defaults = plain(LayerParams())
     changed = sorted(k for k, v in plain(dict(layer)).items() if defaults.get(k, object()) != v)

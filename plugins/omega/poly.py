@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from einops import rearrange
 from pydantic import Field, ValidationInfo, field_validator
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 from torch import nn
 
 from atlas_core.host.registry import Params

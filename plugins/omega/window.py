@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 
 from atlas_core.errors import Issue, SpecError
 from atlas_core.host.registry import Params

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from pydantic import Field, field_validator, ValidationInfo
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 from torch import nn
 
 from atlas_core.host.registry import Params

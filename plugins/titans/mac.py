@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import Field, ValidationInfo, field_validator
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 from torch import nn
 
 from .attention import AttentionBlock, SlidingWindowAttention, band_mask

@@ -41,7 +41,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from pydantic import Field
-from atlas_core.spec.bounds import size_field
+from atlas_core.params import size_field
 from torch import nn
 
 from atlas_core.errors import Issue, SpecError

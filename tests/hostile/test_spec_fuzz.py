@@ -152,7 +152,7 @@ def test_damaged_files_are_one_file_error(tmp_path, damage):
 def test_a_model_too_big_for_the_preflight_is_refused_before_it_is_built():
     """Sizes each within their limits whose product is not: 500 blocks of a 64-layer memory with
     expansion 256 at d_model 1024 (the resolver's closed form counts the blocks alone)."""
-    from atlas_core.spec.bounds import check_model_size
+    from atlas_core.preflight import check_model_size
 
     text = DEEP.replace('"titans:mlp", depth = 2', '"titans:mlp", depth = 64, expansion = 256.0')
     text = text.replace("d_model = 128", "d_model = 1024", 1).replace("depth = 2\n", "depth = 500\n", 1)

@@ -12,8 +12,8 @@ from atlas_core.errors import SpecError
 from atlas_core.lm import LMParams
 from atlas_core.model import build_model
 from atlas_core.spec import load_spec
-from atlas_core.spec.bounds import (LIMITS, MAX_PARAMS, check_model_size, estimate_params,
-                                    lm_estimate, spec_value_issues)
+from atlas_core.preflight import check_model_size, estimate_params
+from atlas_core.spec.bounds import LIMITS, MAX_PARAMS, lm_estimate, spec_value_issues
 
 LM = {
     "model": {"arch": "core:lm", "vocab_size": 32, "d_model": 16, "depth": 5, "heads": 2},

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
-from ...spec.bounds import size_field
+from ...params import size_field
 
 from ...host.registry import Params
 from .base import IGNORE_INDEX, Task

@@ -38,7 +38,7 @@ from typing import Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator, model_validator
-from ...spec.bounds import size_field
+from ...params import size_field
 
 from ...host.registry import Params
 from .base import IGNORE_INDEX, Task, TaskDataError, TaskFileNotFoundError
