@@ -63,10 +63,7 @@ from torch import nn
 
 from .errors import Issue, SpecError, did_you_mean
 from .host.registry import Params
-from .knobs.gates import CORE_GATE_NAMES, CORE_GATES
-
-#: The core gates' default initial biases (their declarations' ``bias``).
-DEFAULT_GATE_BIAS = {g.name: g.bias for g in CORE_GATES}
+from .knobs.gates import CORE_GATE_NAMES
 
 
 def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Issue]:

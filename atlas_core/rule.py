@@ -31,7 +31,7 @@ under ``torch.autocast`` a rule call runs with autocast off, so its inner loop s
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import torch
@@ -96,7 +96,6 @@ class MemoryInputs:
     gates: dict[str, torch.Tensor]  # every gate, [B, H, T] ([B, H, T, Dk] for a key gate)
     state: dict[str, torch.Tensor]  # full state, compute dtype
     out_dtype: torch.dtype = torch.float32
-    extras: dict[str, Any] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int, int]:

@@ -69,9 +69,6 @@ class Spec(BaseModel):
             out["train"] = copy.deepcopy(self.train)
         return out
 
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=str)
-
     def to_toml(self) -> str:
         """The resolved spec as TOML; ``load_spec(spec.to_toml()) == spec``."""
         from ..strategies.trust import parallel_note

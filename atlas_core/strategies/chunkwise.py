@@ -51,7 +51,7 @@ from ..host.registry import Params
 from ..knobs.algorithm import Algorithm, _bc
 from . import dot_chunk, recompute
 from .base import Strategy
-from .decay import decay_matrix, safe_log
+from .decay import decay_matrix, log_tiny
 
 
 MAX_DEFAULT_CHUNK = 64
@@ -517,7 +517,7 @@ def _key_linear_chunk(rule, M0, x, U, psi, alpha, w):
     formed from segment sums of log-gates only (`key_decay_chunk.decayed_scores`)."""
     from .key_decay_chunk import decayed_scores
 
-    b = safe_log(alpha).cumsum(-2)  # [B, H, n, Dk]; finite gradient at alpha = 0
+    b = log_tiny(alpha).cumsum(-2)  # [B, H, n, Dk]; finite gradient at alpha = 0
     xw = w.unsqueeze(-1) * x
     after = rule.read == "after"
     r = b if after else torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2)

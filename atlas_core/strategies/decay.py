@@ -48,7 +48,3 @@ def decay_matrix(a: torch.Tensor) -> torch.Tensor:
     seg = (i[:, None] >= i[None, :]).to(a.dtype) @ x  # seg[t, j] = sum_{m<=t} x[m, j]
     return torch.exp(seg).masked_fill(~(below | (i[:, None] == i[None, :])), 0.0)  # 0 above
 
-
-def cumulative(a: torch.Tensor) -> torch.Tensor:
-    """``P_t = prod_{m<=t} a_m`` along the last axis (``[..., C]``)."""
-    return torch.cumprod(a, dim=-1)

@@ -32,8 +32,7 @@ own params model. Two keys are filled by the trainer when the task table leaves 
 
 ``TrainParams.model_validate(table)`` (what the spec loader calls) resolves the task through the
 registry and raises one `SpecError` with every problem (paths relative to the table);
-`validate_train(raw, path="train")` returns the resolved table as plain data (every default
-filled, the task as ``{"use": "core:<name>", **its params as given}``) with dotted paths.
+`train_params(raw, path="train")` does the same with dotted paths.
 """
 
 from __future__ import annotations
@@ -197,19 +196,6 @@ def _resolve(cls: type[TrainParams], raw: Mapping[str, Any]) -> TrainParams:
         raise SpecError(issues)
     assert base is not None and task is not None  # both succeeded when no issue was recorded
     return base.model_copy(update={"task": task})
-
-
-def validate_train(raw: Mapping[str, Any] | None, path: str = "train") -> dict:
-    """Validate a ``[train]`` table; returns the resolved mapping (see the module docstring)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise SpecError([Issue(path, "must be a table", type(raw).__name__)])
-    try:
-        params = TrainParams.model_validate(raw)
-    except SpecError as exc:
-        raise exc.prefixed(path) from None
-    return params.model_dump()
 
 
 def train_params(raw: Mapping[str, Any] | TrainParams | None, path: str = "train") -> TrainParams:
