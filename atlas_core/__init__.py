@@ -15,12 +15,10 @@ cheap: torch is only imported when a rule or model is built.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 __version__ = "0.1.0"
 
 from .host.hookspecs import hookimpl  # noqa: E402  (cheap: pluggy only)
+from .lazy import lazy_attributes  # noqa: E402  (standard library only)
 
 _LAZY = {
     "build_rule": "atlas_core.rule:build_rule",
@@ -37,7 +35,7 @@ _LAZY = {
     "Backend": "atlas_core.backends:Backend",
     "get_registry": "atlas_core.host.manager:get_registry",
     "get_host": "atlas_core.host.manager:get_host",
-    "Params": "atlas_core.host.registry:Params",
+    "Params": "atlas_core.params:Params",
     "SpecError": "atlas_core.errors:SpecError",
     "AtlasError": "atlas_core.errors:AtlasError",
     # atlas_core.train is a package whose module object is callable as atlas_core.api.train
@@ -49,20 +47,7 @@ _LAZY = {
 __all__ = ["__version__", "hookimpl", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    ref = _LAZY.get(name)
-    if ref is None:
-        raise AttributeError(f"module 'atlas_core' has no attribute {name!r}")
-    module, _, attr = ref.partition(":")
-    value = importlib.import_module(module)
-    if attr:
-        value = getattr(value, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals(), __all__)
 
 
 # Hugging Face: AutoConfig / AutoModelForCausalLM learn the atlas classes when transformers'

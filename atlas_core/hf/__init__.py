@@ -13,8 +13,7 @@ heavy; the attributes load on first use. See docs/huggingface.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_attributes
 
 _LAZY = {
     "AtlasConfig": "atlas_core.hf.config:AtlasConfig",
@@ -28,15 +27,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    ref = _LAZY.get(name)
-    if ref is None:
-        raise AttributeError(f"module 'atlas_core.hf' has no attribute {name!r}")
-    module, _, attr = ref.partition(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals(), __all__)

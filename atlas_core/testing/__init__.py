@@ -19,8 +19,7 @@ start-up, so it must not import torch until a check runs.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_attributes
 
 _LAZY = {
     "Case": "atlas_core.testing.cases:Case",
@@ -42,15 +41,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    ref = _LAZY.get(name)
-    if ref is None:
-        raise AttributeError(f"module 'atlas_core.testing' has no attribute {name!r}")
-    module, _, attr = ref.partition(":")
-    value = getattr(importlib.import_module(module), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals(), __all__)
