@@ -15,7 +15,7 @@ final log line) or at a random point of a random save (``ATLAS_CHECKPOINT_KILL_A
   left, and the final weights and optimizer state equal the reference run's bitwise.
 
 Every ``atlas train`` runs in a child forked from a warm process that has imported torch and
-the CLI (a fresh interpreter costs seconds); ``--fresh`` runs each as a new ``python -m cli``
+the CLI (a fresh interpreter costs seconds); ``--fresh`` runs each as a new ``python -m atlas_cli``
 process instead. Everything runs on one thread, so every run computes the same sums.
 
     python scripts/kill_train.py --kills 50 --seed 0
@@ -55,59 +55,6 @@ TINY = {
               "checkpoint_every": 4, "keep_checkpoints": 2},
 }
 
-# A warm `atlas`: imports torch and the CLI, trains once (argv: spec, scratch dir), then forks
-# one child per job line on stdin and answers {"code": exit code, "seconds": wall time}. A job
-# with "kill_after" gets SIGKILL after that many seconds if it is still running.
-_ZYGOTE = r"""
-import contextlib, io, json, os, signal, sys, time, traceback
-import torch
-torch.set_num_threads(1)
-import atlas_cli.main
-from atlas_core.train import checkpoint
-with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-    try:
-        atlas_cli.main.run(["train", sys.argv[1], "--out", sys.argv[2], "--no-progress"])
-    except SystemExit as exc:
-        if exc.code:
-            raise
-print("ready", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    t0 = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.chdir(job["cwd"])
-        os.environ.update(job["env"])
-        checkpoint._saves = 0
-        signal.alarm(120)
-        code = 0
-        try:
-            atlas_cli.main.run(job["args"])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    deadline = None if job.get("kill_after") is None else t0 + job["kill_after"]
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if deadline is not None and time.perf_counter() >= deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = None
-        time.sleep(0.0005)
-    print(json.dumps({"code": os.waitstatus_to_exitcode(status),
-                      "seconds": time.perf_counter() - t0}), flush=True)
-"""
-
-
 def _toml(data: dict) -> str:
     from atlas_core.spec import dump_toml
 
@@ -115,50 +62,38 @@ def _toml(data: dict) -> str:
 
 
 class Runner:
-    """``run(args, cwd, env, kill_after) -> (code, seconds, output)``: one ``atlas`` command."""
+    """``run(args, cwd, env, kill_after) -> (code, seconds, output)``: one ``atlas`` command, in
+    a child of a warm process (`atlas_core.testing.warm_atlas`) or, with ``fresh``, as a new
+    ``python -m atlas_cli`` process."""
 
     def __init__(self, workdir: Path, spec: Path, fresh: bool = False) -> None:
         self.workdir, self.fresh, self.count = workdir, fresh, 0
-        self.proc = None
+        self.warm = None
         if not fresh:
-            self.err = open(workdir / "zygote.log", "w")
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _ZYGOTE, str(spec), str(workdir / "warm-up")],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
-                cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-            ready = self.proc.stdout.readline().strip()
-            if ready != "ready":
-                raise RuntimeError((workdir / "zygote.log").read_text())
+            from atlas_core.testing.warm_atlas import WarmAtlas
+
+            self.warm = WarmAtlas(workdir, spec, cwd=ROOT)
 
     def run(self, args, cwd, env=None, kill_after=None):
+        if not self.fresh:
+            return self.warm.run(args, cwd, env, kill_after)
         self.count += 1
         log = self.workdir / f"cmd{self.count}.log"
-        args = [str(a) for a in args]
-        if self.fresh:
-            t0 = time.perf_counter()
-            with open(log, "w") as fh:
-                p = subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=fh, stderr=fh,
-                                     cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1",
-                                                   "PYTHONPATH": str(ROOT), **(env or {})})
-                try:
-                    code = p.wait(timeout=kill_after)
-                except subprocess.TimeoutExpired:
-                    p.send_signal(signal.SIGKILL)
-                    code = p.wait()
-            return code, time.perf_counter() - t0, log.read_text()
-        job = {"args": args, "cwd": str(cwd), "env": env or {}, "log": str(log),
-               "kill_after": kill_after}
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        answer = json.loads(self.proc.stdout.readline())
-        # a child killed at once has not opened its log yet
-        return answer["code"], answer["seconds"], log.read_text() if log.exists() else ""
+        t0 = time.perf_counter()
+        with open(log, "w") as fh:
+            p = subprocess.Popen([sys.executable, "-m", "atlas_cli", *[str(a) for a in args]],
+                                 stdout=fh, stderr=fh, cwd=cwd,
+                                 env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+            try:
+                code = p.wait(timeout=kill_after)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGKILL)
+                code = p.wait()
+        return code, time.perf_counter() - t0, log.read_text()
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
-            self.err.close()
+        if self.warm is not None:
+            self.warm.close()
 
 
 def final_state(run: Path):

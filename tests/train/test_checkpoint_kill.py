@@ -48,74 +48,22 @@ EXPECTED = {
 }
 TEMP = re.compile(r"^\.step-\d+\.(partial|old|trash)-\d+$")
 
-# A warm `atlas`: it imports and trains once (argv: a spec and a scratch directory), then forks
-# one child per command. Each child writes its output to a log file (stdout is the protocol
-# pipe) and is stopped by SIGALRM if it hangs. One thread: no OpenMP pool exists at the fork.
-_ZYGOTE = r"""
-import contextlib, io, json, os, signal, sys, traceback
-import torch
-torch.set_num_threads(1)
-import atlas_cli.main
-from atlas_core.train import checkpoint
-with contextlib.redirect_stdout(io.StringIO()):
-    try:
-        atlas_cli.main.run(["train", sys.argv[1], "--out", sys.argv[2], "--no-progress"])
-    except SystemExit as exc:
-        if exc.code:
-            raise
-print("ready", flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.chdir(job["cwd"])
-        os.environ.update(job["env"])
-        checkpoint._saves = 0  # the kill hook counts saves per process: this one is new
-        signal.alarm(120)
-        code = 0
-        try:
-            atlas_cli.main.run(job["args"])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def atlas(tmp_path_factory):
-    """``atlas(args, cwd, env=None) -> (exit code, output)``: `atlas train ...` in a forked child;
-    the exit code is ``-9`` for a child killed by SIGKILL."""
+    """``atlas(args, cwd, env=None) -> (exit code, output)``: `atlas train ...` in a child forked
+    from a warm process (`atlas_core.testing.warm_atlas`); the exit code is ``-9`` for a child
+    killed by SIGKILL."""
+    from atlas_core.testing.warm_atlas import WarmAtlas
+
     logs = tmp_path_factory.mktemp("logs")
-    warm = _spec(logs, 2)
-    with open(logs / "zygote.log", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE, str(warm), str(logs / "warm-up")],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
-    assert proc.stdout.readline().strip() == "ready", (logs / "zygote.log").read_text()
-    count = 0
+    warm = WarmAtlas(logs, _spec(logs, 2))
 
     def run(args, cwd, env=None):
-        nonlocal count
-        count += 1
-        log = logs / f"{count}.log"
-        job = {"args": [str(a) for a in args], "cwd": str(cwd), "env": env or {}, "log": str(log)}
-        proc.stdin.write(json.dumps(job) + "\n")
-        proc.stdin.flush()
-        code = json.loads(proc.stdout.readline())
-        return code, log.read_text()
+        code, _, output = warm.run(args, cwd, env)
+        return code, output
 
     yield run
-    proc.stdin.close()
-    proc.wait(timeout=30)
+    warm.close()
 
 
 def _spec(tmp_path, keep):
