@@ -91,83 +91,39 @@ def scan_backward(
     return dX, dh0
 
 
-class _CumprodFunction(torch.autograd.Function):
-    """Shared forward/backward; each subclass names its scan algorithm in ``_scan``."""
+def _cumprod_function(name: str, scan: Callable, doc: str) -> type[torch.autograd.Function]:
+    """An autograd Function computing the cumulative product with ``scan`` forward and the
+    closed-form backward (`scan_backward`) driven by the same scan."""
 
-    _scan: Callable = staticmethod(sequential)
-
-    @classmethod
-    def _forward(cls, ctx, X: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
-        H = scan_forward(cls._scan, X, h0)
+    def forward(ctx, X: torch.Tensor, h0: torch.Tensor | None) -> torch.Tensor:
+        H = scan_forward(scan, X, h0)
         ctx.save_for_backward(X, h0, H)
         return H
 
-    @classmethod
-    def _backward(cls, ctx, dH: torch.Tensor):
+    @once_differentiable
+    def backward(ctx, dH: torch.Tensor):
         X, h0, H = ctx.saved_tensors
-        dX, dh0 = scan_backward(cls._scan, X, h0, H, dH)
+        dX, dh0 = scan_backward(scan, X, h0, H, dH)
         need_x, need_h0 = ctx.needs_input_grad[:2]
         return (dX if need_x else None), (dh0 if need_h0 and h0 is not None else None)
 
-
-class HillisSteeleCumprod(_CumprodFunction):
-    """Cumulative product by Hillis–Steele scans, forward and reverse (ceil(log2 T) levels)."""
-
-    _scan = staticmethod(hillis_steele)
-
-    @staticmethod
-    def forward(ctx, X, h0):
-        return HillisSteeleCumprod._forward(ctx, X, h0)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dH):
-        return HillisSteeleCumprod._backward(ctx, dH)
+    return type(name, (torch.autograd.Function,), {
+        "__doc__": doc, "__module__": __name__, "_scan": staticmethod(scan),
+        "forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-class BrentKungCumprod(_CumprodFunction):
-    """Cumulative product by Brent–Kung scans, forward and reverse (< 2T products per scan)."""
-
-    _scan = staticmethod(brent_kung)
-
-    @staticmethod
-    def forward(ctx, X, h0):
-        return BrentKungCumprod._forward(ctx, X, h0)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dH):
-        return BrentKungCumprod._backward(ctx, dH)
-
-
-class SklanskyCumprod(_CumprodFunction):
-    """Cumulative product by Sklansky scans, forward and reverse (ceil(log2 T) levels)."""
-
-    _scan = staticmethod(sklansky)
-
-    @staticmethod
-    def forward(ctx, X, h0):
-        return SklanskyCumprod._forward(ctx, X, h0)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dH):
-        return SklanskyCumprod._backward(ctx, dH)
-
-
-class SequentialCumprod(_CumprodFunction):
-    """The same closed-form backward driven by plain loops (T - 1 steps each way)."""
-
-    _scan = staticmethod(sequential)
-
-    @staticmethod
-    def forward(ctx, X, h0):
-        return SequentialCumprod._forward(ctx, X, h0)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dH):
-        return SequentialCumprod._backward(ctx, dH)
+HillisSteeleCumprod = _cumprod_function(
+    "HillisSteeleCumprod", hillis_steele,
+    "Cumulative product by Hillis–Steele scans, forward and reverse (ceil(log2 T) levels).")
+BrentKungCumprod = _cumprod_function(
+    "BrentKungCumprod", brent_kung,
+    "Cumulative product by Brent–Kung scans, forward and reverse (< 2T products per scan).")
+SklanskyCumprod = _cumprod_function(
+    "SklanskyCumprod", sklansky,
+    "Cumulative product by Sklansky scans, forward and reverse (ceil(log2 T) levels).")
+SequentialCumprod = _cumprod_function(
+    "SequentialCumprod", sequential,
+    "The same closed-form backward driven by plain loops (T - 1 steps each way).")
 
 
 FUNCTIONS: dict[str, type[torch.autograd.Function]] = {
