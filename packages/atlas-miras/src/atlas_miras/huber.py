@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from atlas_core.host.registry import Params
+from atlas_core.params import Params
 from atlas_core.knobs import Bias
 
 

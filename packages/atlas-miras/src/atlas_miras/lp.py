@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field, model_validator
 
-from atlas_core.host.registry import Params
+from atlas_core.params import Params
 from atlas_core.knobs import Bias
 
 

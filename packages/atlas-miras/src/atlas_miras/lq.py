@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field, field_validator
 
-from atlas_core.host.registry import Params
+from atlas_core.params import Params
 from atlas_core.knobs import Retention
 from atlas_core.knobs.gates import ALPHA
 
