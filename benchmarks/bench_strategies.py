@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 def main(argv: list[str] | None = None) -> int:
     from atlas_core.bench import BenchConfig, plot, run_bench, to_markdown, to_text
+    from atlas_core.bench.report import atlas_cost_lines
     from atlas_core.bench.subjects import load_baselines
 
     d = BenchConfig()
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="more chunk sizes for the strategies declaring 'exact'")
     ap.add_argument("--decode-chunks", default=",".join(map(str, d.decode_chunks)))
     ap.add_argument("--decode-tokens", type=int, default=d.decode_tokens)
+    ap.add_argument("--atlas-long", default="", help="also run Atlas once at these lengths "
+                    "(fwd+bwd time and peak memory), e.g. 4096,16384")
     ap.add_argument("--strategies", default=None, help="only these registered strategies")
     ap.add_argument("--seq-max", type=int, default=d.seq_max, help="longest T for core:sequential")
     ap.add_argument("--repeats", type=int, default=d.repeats)
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         exact_chunks=[int(c) for c in args.exact_chunks.split(",") if c],
         decode_chunks=[int(c) for c in args.decode_chunks.split(",") if c],
         decode_tokens=args.decode_tokens,
+        atlas_long=[int(t) for t in args.atlas_long.split(",") if t],
     )
     subjects, problems = ([], []) if args.no_baselines else load_baselines(HERE / "baselines", cfg)
     result = run_bench(cfg, subjects, progress=lambda m: print(m, file=sys.stderr, flush=True),
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(measured) < len(data["targets"]):
         print(f"{len(data['targets']) - len(measured)} of {len(data['targets'])} targets not "
               "evaluated: their rules or lengths were not in this run (see docs/benchmarks.md)")
+    for line in atlas_cost_lines(data):
+        print(line)
     for p in problems:
         print(f"baseline not loaded: {p}")
     m = data["machine"]

@@ -51,7 +51,7 @@ def _human(data: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from atlas_core.bench.report import COLUMNS, _fmt
+    from atlas_core.bench.report import COLUMNS, _fmt, atlas_cost_lines
 
     con = out_console()
     table = Table(title="atlas bench (fwd: no_grad forward; fwd+bwd: training step; peak: live tensor bytes)")
@@ -78,18 +78,8 @@ def _human(data: dict[str, Any]) -> None:
         con.print(f"{skipped} of {len(data['targets'])} targets not evaluated: their rules or "
                   "lengths were not in this run (see docs/benchmarks.md)", markup=False,
                   highlight=False)
-    cost = data.get("atlas_cost") or {}
-    if cost.get("rows"):
-        con.print(f"atlas against its FLOP count: a plain matmul of Newton-Schulz's shapes runs "
-                  f"{cost['matmul_macs_per_s'] / 1e9:.2f} G multiply-adds/s here", markup=False,
-                  highlight=False)
-        for c in cost["rows"]:
-            line = (f"  {c['subject']} T={c['T']}: fwd {c['fwd_tok_s']:.0f} tokens/s "
-                    f"(bound {c['fwd_bound_tok_s']:.0f}, {c['fwd_ratio']:.2f})")
-            if "train_tok_s" in c:
-                line += (f", fwd+bwd {c['train_tok_s']:.0f} tokens/s (bound "
-                         f"{c['train_bound_tok_s']:.0f}, {c['train_ratio']:.2f})")
-            con.print(line, markup=False, highlight=False)
+    for line in atlas_cost_lines(data):
+        con.print(line, markup=False, highlight=False)
     for p in data["problems"]:
         con.print(f"[yellow]baseline not loaded[/]: {escape(p)}")
     m = data["machine"]

@@ -24,6 +24,24 @@ def _fmt(key: str, value: Any) -> str:
     return str(value)
 
 
+def atlas_cost_lines(data: dict[str, Any]) -> list[str]:
+    """Atlas' tokens/s next to its FLOP-count bound (``data["atlas_cost"]`` of a result's dict),
+    one line per measured row after a heading; none without Atlas rows."""
+    cost = data.get("atlas_cost") or {}
+    if not cost.get("rows"):
+        return []
+    out = [f"atlas against its FLOP count: a plain matmul of Newton-Schulz's shapes runs "
+           f"{cost['matmul_macs_per_s'] / 1e9:.2f} G multiply-adds/s here"]
+    for c in cost["rows"]:
+        line = (f"  {c['subject']} T={c['T']}: fwd {c['fwd_tok_s']:.0f} tokens/s "
+                f"(bound {c['fwd_bound_tok_s']:.0f}, {c['fwd_ratio']:.2f})")
+        if "train_tok_s" in c:
+            line += (f", fwd+bwd {c['train_tok_s']:.0f} tokens/s (bound "
+                     f"{c['train_bound_tok_s']:.0f}, {c['train_ratio']:.2f})")
+        out.append(line)
+    return out
+
+
 def table_rows(result) -> list[list[str]]:
     return [[_fmt(k, getattr(r, k)) for k, _ in COLUMNS] for r in result.rows]
 
