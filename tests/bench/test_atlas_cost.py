@@ -46,3 +46,16 @@ def test_matmul_rate_is_positive_and_atlas_long_is_validated():
     assert matmul_rate(rule, 2, 1, 1, repeats=1) > 0
     with pytest.raises(ValueError, match="atlas_long"):
         BenchConfig(rules=["atlas"], atlas_long=[0]).validate()
+
+
+def test_atlas_long_rows_report_time_and_peak_memory():
+    from atlas_core.bench.runner import long_memory_rows
+
+    cfg = BenchConfig(rules=["atlas"], lengths=[8], batch=1, heads=1, dim=4, atlas_long=[40, 20])
+    said = []
+    rows = long_memory_rows(cfg, said.append)
+    assert [r.T for r in rows] == [20, 40]
+    for r in rows:
+        assert r.status == "ok" and r.group == "long" and r.subject.startswith("auto: atlas_muon:atlas_parallel")
+        assert r.train_ms > 0 and r.peak_train_mib > 0
+    assert len(said) == 2
