@@ -1,0 +1,97 @@
+"""Train flash-linear-attention's own models in the MQAR comparison's harness (docs/mqar_comparison.md).
+
+    OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py delta_net --seed 0
+    OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py gated_deltanet --seed 1
+
+fla 0.6.0's ``<Family>ForCausalLM`` (its config defaults, sized like the zoo suite: vocab 64,
+hidden 64, 2 layers, 4 heads of 16) is trained by atlas's own trainer (`atlas_core.train`) on the
+zoo suite's spec (``benchmarks/mqar/zoo/<preset>.toml``: the same MQAR batches, optimiser, schedule,
+steps and evaluation); only the model differs: `atlas_core.model.build_model` is replaced, in this
+process, by one that returns fla's model. fla's layers call Triton kernels, which need a GPU, so
+they run with their entry points replaced by the pure-PyTorch code of tests/fla_oracle/oracle.py
+(checked against fla's own naive references by tests/fla_oracle/test_oracle.py). Needs the test
+extra (flash-linear-attention). Prints one Markdown row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+#: family -> (the zoo suite's spec whose [train] table is used, fla's model class names, config)
+FAMILIES = {
+    "delta_net": ("deltanet", "DeltaNet", {}),
+    "gated_deltanet": ("gated_deltanet", "GatedDeltaNet", {"head_dim": 16}),
+}
+
+
+class FlaLM:
+    """fla's causal LM as the trainer sees a model: ``model(ids) -> logits``."""
+
+    def __new__(cls, fla_model):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.fla = inner
+                self.vocab_size = inner.config.vocab_size
+
+            def check_ids(self, ids):
+                return None
+
+            def forward(self, ids, cu_seqlens=None):
+                if cu_seqlens is not None:
+                    raise NotImplementedError("packed documents are not wired for fla's models here")
+                return self.fla(input_ids=ids).logits
+
+        return Wrapped(fla_model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("family", choices=sorted(FAMILIES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], help="a config override key=value (JSON value)")
+    args = ap.parse_args(argv)
+
+    import json
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    import atlas_core.model as atlas_model
+    import fla.models as fm
+    from atlas_core.spec import load_spec
+    from atlas_core.train.setup import TrainOptions
+    from atlas_core.train.trainer import train
+    from tests.fla_oracle.oracle import fla_on_cpu
+
+    preset, name, extra = FAMILIES[args.family]
+    overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+    config = getattr(fm, f"{name}Config")(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_heads=4,
+                                          **extra, **overrides)
+    model_cls = getattr(fm, f"{name}ForCausalLM")
+
+    def build_fla(spec, **kw):
+        torch.manual_seed(int(spec.train.get("seed", 0)) if getattr(spec, "train", None) else 0)
+        return FlaLM(model_cls(config))
+
+    spec = load_spec(HERE / "zoo" / f"{preset}.toml").to_dict()
+    spec["train"] = {**spec["train"], "seed": args.seed, "eval_every": 0}
+    spec["name"] = f"fla-{args.family}"
+    atlas_model.build_model = build_fla
+    with fla_on_cpu(), tempfile.TemporaryDirectory() as tmp:
+        result = train(TrainOptions(spec=spec, out=str(Path(tmp) / "run"), progress=False))
+    label = f"fla {name}ForCausalLM" + (f" ({', '.join(args.set)})" if args.set else "")
+    print(f"| {label} | seed {args.seed} | {result['params']:,} | {result['accuracy']:.3f} | "
+          f"{result['eval_loss']:.3f} | {result['time_s']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
