@@ -24,10 +24,12 @@ from .availability import interpreter_on, launch_errors, launch_fallback, tensor
 MAX_HEAD_DIM = 128  # Dk (Dphi) and Dv
 MAX_CHUNK = 64  # C
 MAX_EXTENDED = 128  # C + c - 1, the rows of one chunk with its Omega look-back
-# the backward kernel at Dk = 128 needs 262,144 B of shared memory per block even at C + c - 1 = 64
-# (an H100 allows 232,448; docs/kernels.md "Resources on sm_90"): calls that need gradients run
-# the kernels up to Dk = 64
+# the backward kernel's shared memory on sm_90 (docs/kernels.md "Resources on sm_90"; an H100 block
+# allows 232,448 B): 262,144 B at Dk = 128 even with C + c - 1 = 64 rows, 229,376 B at Dk = 64 with
+# 128 rows, 147,456 B at (C + c - 1) x Dk = 64 x 64. Calls that need gradients are served up to
+# Dk = 64 and (C + c - 1) x Dk = 4096 after padding
 MAX_BACKWARD_HEAD_DIM = 64
+MAX_BACKWARD_TILE = 4096
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -105,6 +107,12 @@ class ChunkLinearBackend(Backend):
             return False, (
                 f"gradients are needed and Dphi={dk} > {MAX_BACKWARD_HEAD_DIM}: the backward kernel's "
                 "tiles need more shared memory than a GPU block has (262,144 B on sm_90 at Dphi = 128)"
+            )
+        if backward and _pow2(C + c - 1) * _pow2(dk) > MAX_BACKWARD_TILE:
+            return False, (
+                f"gradients are needed and (chunk_size + window - 1) x Dphi = {C + c - 1} x {dk} exceeds "
+                f"{MAX_BACKWARD_TILE} after padding: the backward kernel would use nearly all of a GPU "
+                "block's shared memory (229,376 B of 232,448 on sm_90 at 128 x 64)"
             )
         ok, why = tensors_runnable(*tensors)
         if not ok:

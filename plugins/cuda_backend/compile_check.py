@@ -239,17 +239,19 @@ def mru_configs(dtype: str, d: int) -> list[KernelConfig]:
 
 
 def boundary_configs() -> list[KernelConfig]:
-    """The largest configuration per (direction, dtype, momentum, window) the backend dispatches:
-    C = 64, without a window (64 rows) and with C + c - 1 = 128 rows; Dk = Dv = 128 forward, and
-    Dk = 64 (the backward's limit, `backend_chunk.MAX_BACKWARD_HEAD_DIM`), Dv = 128 backward."""
-    from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_HEAD_DIM
+    """The largest configuration per (direction, dtype, momentum, window) the backend dispatches,
+    at C = 64 and Dv = 128: without a window (64 rows) and with C + c - 1 = 128 rows; Dk = 128
+    forward; backward, the verifier's limits when gradients are needed (`backend_chunk`:
+    Dk <= 64 and rows x Dk <= 4096): Dk = 64 without a window, 32 with 128 rows."""
+    from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE, MAX_HEAD_DIM
 
     out = []
     for direction in ("fwd", "bwd"):
-        dk = MAX_HEAD_DIM if direction == "fwd" else MAX_BACKWARD_HEAD_DIM
         for dtype in ("fp32", "bf16"):
             for momentum in (False, True):
                 for window in (1, 65):
+                    rows = 64 + window - 1
+                    dk = MAX_HEAD_DIM if direction == "fwd" else min(MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE // rows)
                     out.append(chunk_linear_config(direction, dtype, dk=dk, dv=MAX_HEAD_DIM, chunk=64,
                                                    window=window, momentum=momentum))
     return out

@@ -198,18 +198,21 @@ def test_verifier_accepts_the_largest_sizes():
     assert ChunkLinearBackend().verify(Chunkwise(ChunkwiseParams(chunk_size=64)), rule, p) == (True, "")
 
 
-def test_verifier_refuses_the_backward_above_dk_64():
-    """The backward kernel does not fit a GPU block's shared memory at Dk = 128: a call that needs
-    gradients is refused there (forward-only calls are served), and served at Dk = 64."""
+def test_verifier_refuses_the_backward_beyond_its_shared_memory():
+    """The backward kernel does not fit a GPU block's shared memory at Dk = 128, and barely at
+    (C + c - 1) x Dk = 128 x 64: a call that needs gradients is refused there (forward-only calls
+    are served), and served at 64 x 64 and 128 x 32."""
     strat = Chunkwise(ChunkwiseParams(chunk_size=64))
-    for d, ok in ((128, False), (64, True)):
-        rule = make_rule("l2", "momentum", "before", 16, d=d, anchor=64)
+    cases = [(128, 1, "gradients are needed and Dphi=128 > 64"),
+             (64, 16, "(chunk_size + window - 1) x Dphi = 79 x 64 exceeds 4096"),
+             (64, 1, ""), (32, 16, "")]
+    for d, window, why in cases:
+        rule = make_rule("l2", "momentum", "before", window, d=d, anchor=64)
         q, k, v, gates = _inputs(rule, d=d, T=64)
         p = rule.prepare(q.requires_grad_(True), k, v, gates=gates)
         got = ChunkLinearBackend().verify(strat, rule, p)
-        assert got[0] is ok, got
-        if not ok:
-            assert "gradients are needed and Dphi=128 > 64" in got[1]
+        assert got[0] is (not why) and why in got[1], (d, window, got)
+        if why:
             with torch.no_grad():
                 assert ChunkLinearBackend().verify(strat, rule, rule.prepare(q, k, v, gates=gates)) == (True, "")
 
