@@ -259,8 +259,14 @@ def boundary_configs() -> list[KernelConfig]:
 
 def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
                    dtypes=("fp32", "bf16")) -> list[KernelConfig]:
-    """The full matrix for the script: every direction x dtype x momentum x window x D x C, and
+    """The full matrix for the script: every direction x dtype x momentum x window x D x C the
+    backend dispatches (the backward within the verifier's limits for calls with gradients), and
     the MRU kernels at d = 16, 32, 64."""
+    from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE
+
+    def pow2(n):
+        return max(16, 1 << (n - 1).bit_length())
+
     out = []
     for direction in ("fwd", "bwd"):
         for dtype in dtypes:
@@ -268,6 +274,9 @@ def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
                 for window in windows:
                     for d in dims:
                         for chunk in chunks:
+                            if direction == "bwd" and (pow2(d) > MAX_BACKWARD_HEAD_DIM
+                                                       or pow2(chunk + window - 1) * pow2(d) > MAX_BACKWARD_TILE):
+                                continue
                             out.append(chunk_linear_config(direction, dtype, dk=d, dv=d, chunk=chunk,
                                                            window=window, momentum=momentum))
     for dtype in dtypes:
