@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The oldest versions this project declares: a new virtual environment under a temporary folder
-# with every runtime dependency (and those of the extras in EXTRAS, default "hf") pinned to the
-# lower bound pyproject.toml gives it (scripts/oldest_pins.py), torch as the CPU build 2.13.0
-# (a bare torch requirement would pull a multi-GB CUDA build), the working tree installed into
-# it, then pytest on TESTS (default tests/hf: Hugging Face generation on the oldest transformers).
+# with every runtime dependency and those of the extras in EXTRAS (default "hf data tensorboard")
+# pinned to the lower bound pyproject.toml gives it (scripts/oldest_pins.py), torch as the CPU
+# build 2.13.0 (a bare torch requirement would pull a multi-GB CUDA build), the working tree
+# installed into it, then pytest on TESTS (default: tests/hf, Hugging Face generation on the
+# oldest transformers, and the corpus, tokenizer and TensorBoard tests of the other extras).
 #
-#   bash scripts/test_oldest.sh                  # extras "hf", tests/hf
-#   EXTRAS="hf data" TESTS="tests/hf tests/train/test_corpus.py" bash scripts/test_oldest.sh
+#   bash scripts/test_oldest.sh                  # the defaults
+#   EXTRAS=hf TESTS=tests/hf bash scripts/test_oldest.sh -x
 #
 # Extra arguments go to pytest. PYTHON picks the interpreter the venv is made from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 BASE_PY=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-hf}
-TESTS=${TESTS:-tests/hf}
+EXTRAS=${EXTRAS:-hf data tensorboard}
+TESTS=${TESTS:-tests/hf tests/train/test_text_corpus.py tests/train/test_tensorboard.py}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/atlas-oldest.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 # a copy of the working tree (tracked and new files, not ignored ones): the install writes
