@@ -47,6 +47,8 @@ NOT_RUN: list[tuple[str, str]] = [
      "figures are in docs/hardening.md)"),
     (r"benchmarks/compare_mqar\.py", "a benchmark of minutes to hours; atlas compare is tested "
      "in tests/train/test_compare.py"),
+    (r"benchmarks/mqar/fla_models\.py", "trains fla's model for many minutes; its pieces (the CPU "
+     "oracle, fla's models on it) are tested in tests/fla_oracle"),
     (r"benchmarks/bench_strategies\.py", "the benchmark sweep (writes docs/img); "
      "tests/bench/test_bench_cli.py runs the script at tiny sizes"),
     (r"^atlas bench\s*$", "the full sweep of docs/benchmarks.md (about 40 minutes)"),
