@@ -30,6 +30,8 @@ MAX_EXTENDED = 128  # C + c - 1, the rows of one chunk with its Omega look-back
 # Dk = 64 and (C + c - 1) x Dk = 4096 after padding
 MAX_BACKWARD_HEAD_DIM = 64
 MAX_BACKWARD_TILE = 4096
+# with momentum, 128 rows do not fit even at Dk = 32 (253,952 B): C + c - 1 <= 64 after padding
+MAX_BACKWARD_MOMENTUM_ROWS = 64
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -107,6 +109,12 @@ class ChunkLinearBackend(Backend):
             return False, (
                 f"gradients are needed and Dphi={dk} > {MAX_BACKWARD_HEAD_DIM}: the backward kernel's "
                 "tiles need more shared memory than a GPU block has (262,144 B on sm_90 at Dphi = 128)"
+            )
+        if backward and form == "momentum" and _pow2(C + c - 1) > MAX_BACKWARD_MOMENTUM_ROWS:
+            return False, (
+                f"gradients are needed with momentum and chunk_size + window - 1 = {C + c - 1} > "
+                f"{MAX_BACKWARD_MOMENTUM_ROWS}: the momentum backward kernel needs more shared memory "
+                "than a GPU block has (253,952 B on sm_90 at 128 rows, Dphi = 32)"
             )
         if backward and _pow2(C + c - 1) * _pow2(dk) > MAX_BACKWARD_TILE:
             return False, (

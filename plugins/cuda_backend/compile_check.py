@@ -240,9 +240,10 @@ def mru_configs(dtype: str, d: int) -> list[KernelConfig]:
 
 def boundary_configs() -> list[KernelConfig]:
     """The largest configuration per (direction, dtype, momentum, window) the backend dispatches,
-    at C = 64 and Dv = 128: without a window (64 rows) and with C + c - 1 = 128 rows; Dk = 128
-    forward; backward, the verifier's limits when gradients are needed (`backend_chunk`:
-    Dk <= 64 and rows x Dk <= 4096): Dk = 64 without a window, 32 with 128 rows."""
+    at Dv = 128: C = 64 without a window (64 rows) and C + c - 1 = 128 rows with one; Dk = 128
+    forward; backward, the verifier's limits when gradients are needed (`backend_chunk`: Dk <= 64,
+    rows x Dk <= 4096, momentum rows <= 64): Dk = 64 without a window, 32 with 128 rows (gd), and
+    with momentum C = 32, c = 33 (64 rows) at Dk = 64."""
     from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE, MAX_HEAD_DIM
 
     out = []
@@ -250,9 +251,12 @@ def boundary_configs() -> list[KernelConfig]:
         for dtype in ("fp32", "bf16"):
             for momentum in (False, True):
                 for window in (1, 65):
-                    rows = 64 + window - 1
+                    chunk = 64
+                    if direction == "bwd" and momentum and window > 1:
+                        chunk, window = 32, 33
+                    rows = chunk + window - 1
                     dk = MAX_HEAD_DIM if direction == "fwd" else min(MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE // rows)
-                    out.append(chunk_linear_config(direction, dtype, dk=dk, dv=MAX_HEAD_DIM, chunk=64,
+                    out.append(chunk_linear_config(direction, dtype, dk=dk, dv=MAX_HEAD_DIM, chunk=chunk,
                                                    window=window, momentum=momentum))
     return out
 
@@ -275,7 +279,8 @@ def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
                     for d in dims:
                         for chunk in chunks:
                             if direction == "bwd" and (pow2(d) > MAX_BACKWARD_HEAD_DIM
-                                                       or pow2(chunk + window - 1) * pow2(d) > MAX_BACKWARD_TILE):
+                                                       or pow2(chunk + window - 1) * pow2(d) > MAX_BACKWARD_TILE
+                                                       or momentum and pow2(chunk + window - 1) > 64):
                                 continue
                             out.append(chunk_linear_config(direction, dtype, dk=d, dv=d, chunk=chunk,
                                                            window=window, momentum=momentum))

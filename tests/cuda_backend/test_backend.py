@@ -199,15 +199,16 @@ def test_verifier_accepts_the_largest_sizes():
 
 
 def test_verifier_refuses_the_backward_beyond_its_shared_memory():
-    """The backward kernel does not fit a GPU block's shared memory at Dk = 128, and barely at
-    (C + c - 1) x Dk = 128 x 64: a call that needs gradients is refused there (forward-only calls
-    are served), and served at 64 x 64 and 128 x 32."""
+    """The backward kernel does not fit a GPU block's shared memory at Dk = 128, barely at
+    (C + c - 1) x Dk = 128 x 64, and with momentum not at 128 rows: a call that needs gradients is
+    refused there (forward-only calls are served), and served at 64 x 64, and 128 x 32 for gd."""
     strat = Chunkwise(ChunkwiseParams(chunk_size=64))
-    cases = [(128, 1, "gradients are needed and Dphi=128 > 64"),
-             (64, 16, "(chunk_size + window - 1) x Dphi = 79 x 64 exceeds 4096"),
-             (64, 1, ""), (32, 16, "")]
-    for d, window, why in cases:
-        rule = make_rule("l2", "momentum", "before", window, d=d, anchor=64)
+    cases = [(128, 1, "momentum", "gradients are needed and Dphi=128 > 64"),
+             (64, 16, "gd", "(chunk_size + window - 1) x Dphi = 79 x 64 exceeds 4096"),
+             (32, 16, "momentum", "gradients are needed with momentum and chunk_size + window - 1 = 79 > 64"),
+             (64, 1, "momentum", ""), (32, 16, "gd", "")]
+    for d, window, alg, why in cases:
+        rule = make_rule("l2", alg, "before", window, d=d, anchor=64)
         q, k, v, gates = _inputs(rule, d=d, T=64)
         p = rule.prepare(q.requires_grad_(True), k, v, gates=gates)
         got = ChunkLinearBackend().verify(strat, rule, p)
