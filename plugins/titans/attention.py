@@ -169,13 +169,13 @@ class AttentionBlock(nn.Module):
     packed = True  # takes cu_seqlens (packed documents)
 
     def __init__(self, d_model: int, heads: int, window: int, persistent: int, rotary_base: float,
-                 mlp_ratio: float, eps: float) -> None:
+                 mlp_ratio: float, eps: float, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.persistent = nn.Parameter(0.02 * torch.randn(persistent, d_model))
         self.norm_attn = nn.RMSNorm(d_model, eps=eps)
         self.attn = SlidingWindowAttention(d_model, heads, window, rotary_base)
         self.norm_mlp = nn.RMSNorm(d_model, eps=eps)
-        self.mlp = FeedForward(d_model, mlp_ratio)
+        self.mlp = mlp if mlp is not None else FeedForward(d_model, mlp_ratio)
 
     def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
         if cu_seqlens is not None:  # packed documents, each from the start (no state)

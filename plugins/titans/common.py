@@ -20,7 +20,7 @@ from torch import nn
 
 from atlas_core.host.registry import Params
 from atlas_core.lm import (  # noqa: F401 - the generic pieces, shared with core:lm
-    FeedForward, LanguageModel, LMParams, build_memory_layer, run_memory, spec_of,
+    FeedForward, LanguageModel, LMParams, build_memory_layer, make_mlp, run_memory, spec_of,
 )
 
 TitansLM = LanguageModel  # the Titans architectures are language models of the core's kind

@@ -36,7 +36,7 @@ from atlas_core.params import size_field
 from torch import nn
 
 from .attention import AttentionBlock, SlidingWindowAttention, band_mask
-from .common import (BranchGate, FeedForward, TitansLM, _AttentionParams, _persistent_at_most,
+from .common import (BranchGate, TitansLM, _AttentionParams, _persistent_at_most, make_mlp,
                      build_memory_layer, spec_of)
 
 
@@ -92,7 +92,7 @@ class MACBlock(nn.Module):
         self.attn = SegmentAttention(d, p.attn_heads or p.heads, p.segment_size, p.rotary_base)
         self.gate = BranchGate(d, p.norm_eps)
         self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
-        self.mlp = FeedForward(d, p.mlp_ratio)
+        self.mlp = make_mlp(p)  # [model] mlp: gelu or swiglu
 
     def retrieve(self, s: torch.Tensor, committed: dict | None) -> torch.Tensor:
         """``h = W_r M*(W_Q s)`` from the committed memory, no update: ``[B, n, d]``."""
@@ -155,5 +155,6 @@ def build(params: MACParams, ctx) -> MAC:
             blocks.append(MACBlock(p, mem))
         else:
             blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
-                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps))
+                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps,
+                                         mlp=make_mlp(p)))
     return MAC(p, blocks)

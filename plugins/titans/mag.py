@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .attention import AttentionBlock, SlidingWindowAttention, with_prefix
-from .common import (BranchGate, FeedForward, HybridParams, TitansLM, build_memory_layer,
+from .common import (BranchGate, HybridParams, TitansLM, build_memory_layer, make_mlp,
                      run_memory, spec_of)
 
 
@@ -39,7 +39,7 @@ class MAGBlock(nn.Module):
         self.memory = memory
         self.gate = BranchGate(d, p.norm_eps)
         self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
-        self.mlp = FeedForward(d, p.mlp_ratio)
+        self.mlp = make_mlp(p)  # [model] mlp: gelu or swiglu
 
     def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
         if cu_seqlens is not None:
@@ -82,5 +82,6 @@ def build(params: HybridParams, ctx) -> MAG:
             blocks.append(MAGBlock(p, mem))
         else:
             blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
-                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps))
+                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps,
+                                         mlp=make_mlp(p)))
     return MAG(p, blocks)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .attention import AttentionBlock, SlidingWindowAttention, with_prefix
-from .common import FeedForward, HybridParams, TitansLM, build_memory_layer, run_memory, spec_of
+from .common import HybridParams, TitansLM, build_memory_layer, make_mlp, run_memory, spec_of
 
 
 class MALBlock(nn.Module):
@@ -36,7 +36,7 @@ class MALBlock(nn.Module):
         self.norm_attn = nn.RMSNorm(d, eps=p.norm_eps)
         self.attn = SlidingWindowAttention(d, p.attn_heads or p.heads, p.window, p.rotary_base)
         self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
-        self.mlp = FeedForward(d, p.mlp_ratio)
+        self.mlp = make_mlp(p)  # [model] mlp: gelu or swiglu
 
     def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
         if cu_seqlens is not None:
@@ -83,5 +83,6 @@ def build(params: HybridParams, ctx) -> MAL:
             blocks.append(MALBlock(p, mem))
         else:
             blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
-                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps))
+                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps,
+                                         mlp=make_mlp(p)))
     return MAL(p, blocks)

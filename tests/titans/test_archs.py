@@ -308,3 +308,19 @@ def test_other_plugins_rules_plug_in(arch):
         full = model(ids)
         step, _ = decode(model, ids, [2] + [1] * (T - 2))
     torch.testing.assert_close(step, full, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("arch", list(ARCH_PARAMS))
+def test_model_mlp_option_builds_every_blocks_mlp(arch):
+    """``[model] mlp = "swiglu"`` (and ``mlp_hidden``) reach every block, the memory-free ones
+    included: no block keeps the default GELU MLP."""
+    from atlas_core.lm import FeedForward, SwiGLU
+
+    model = build(arch, memory_layers=[2], mlp="swiglu", mlp_hidden=24)
+    mlps = [m for m in model.modules() if isinstance(m, (SwiGLU, FeedForward))]
+    assert len(mlps) == len(model.blocks) and all(isinstance(m, SwiGLU) for m in mlps)
+    hidden = {p.shape[0] for m in mlps for n, p in m.named_parameters() if p.dim() == 2
+              and p.shape[1] == 16}
+    assert hidden == {24}
+    with torch.no_grad():
+        assert torch.isfinite(model(ids_for())).all()
