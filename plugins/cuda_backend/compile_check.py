@@ -95,19 +95,7 @@ def shared_bytes(cfg: KernelConfig, arch: int = 90) -> int:
     """``metadata.shared`` without the slow half of the pipeline: Triton decides shared memory when
     it lowers to LLVM IR, so only the ttir -> ttgir -> llir stages run here (seconds, where the
     PTX and ptxas stages of a D = 128 kernel take minutes). Equals `compile_config`'s."""
-    from triton._C.libtriton import ir
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler.compiler import make_backend
-
-    target = GPUTarget("cuda", arch, 32)
-    backend = make_backend(target)
-    src = cfg.source()
-    options = backend.parse_options(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = src.make_ir(target, options, backend.get_codegen_implementation(options),
-                         backend.get_module_map(), context)
+    module, src, target, backend, options = _initial_ir(cfg, arch)
     stages: dict = {}
     backend.add_stages(stages, options, src.language)
     metadata = {"hash": "shared-only", "target": target, **options.__dict__}
@@ -313,21 +301,26 @@ def device_fits(cfg, dtype, backward: bool, device) -> tuple[bool, str]:
 def ttir(cfg: KernelConfig, arch: int = 90) -> str:
     """The kernel's Triton IR as first generated from the source (no passes, no ptxas: cheap),
     the place where an offset's integer width is decided."""
+    return str(_initial_ir(cfg, arch)[0])
+
+
+def _initial_ir(cfg: KernelConfig, arch: int):
+    """The kernel's Triton IR as generated from its source for ``sm_<arch>``, with the source,
+    target, backend and options that made it: ``(module, src, target, backend, options)``."""
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
-    src = ASTSource(cfg.function(), cfg.signature(), dict(cfg.constexprs))
+    src = cfg.source()
     options = backend.parse_options(dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     module = src.make_ir(target, options, backend.get_codegen_implementation(options),
                          backend.get_module_map(), context)
-    return str(module)
+    return module, src, target, backend, options
 
 
 def config_key(cfg: KernelConfig, arch: int) -> str:
