@@ -4,7 +4,8 @@
     atlas bench --rules delta,titans --lengths 512,1024 --plot bench.png
     atlas bench --format json > bench.json
 
-Each rule runs every registered strategy that accepts it side by side (a chunked strategy that
+Each rule runs every registered strategy that accepts it side by side (third-party ones only when
+named in --strategies or allowed by ATLAS_ALLOW_STRATEGIES; a chunked strategy that
 refuses the rule at the chunk size C runs the same rule with ``anchor = C``), plus the baselines of
 a source checkout (``benchmarks/baselines``: the seed 000 algorithm, fla-core's chunked gated
 delta rule and titans-pytorch's NeuralMemory when installed); the ``decode`` case times one-token

@@ -1,7 +1,8 @@
 """Running the benchmark: every subject of every case over the sequence lengths, side by side.
 
 The subjects of a case (`default_subjects`): every registered strategy that accepts the case's
-rule at the configured chunk size C; a chunked strategy that refuses the rule at C (a per-token
+rule at the configured chunk size C (bundled ones, and third-party ones only when named in
+``strategies`` or allowed by ``ATLAS_ALLOW_STRATEGIES``, as for ``"auto"``); a chunked strategy that refuses the rule at C (a per-token
 rule, or a preset whose anchor C does not divide) runs the same rule rebuilt with ``anchor = C``
 (an anchored subject, e.g. ``core:chunkwise(C=64) on anchor=64``); strategies declaring the
 capability ``"exact"`` (``core:exact_chunk``) run at every chunk size of ``exact_chunks`` too. A
@@ -35,6 +36,7 @@ import gc
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -181,6 +183,20 @@ def _composed(case: Case) -> bool:
         return False
 
 
+_noted: set[str] = set()
+
+
+def _note_third_party(comp: Any) -> None:
+    """Say once per process that a third-party strategy is left out of the default subjects."""
+    if comp.name in _noted:
+        return
+    _noted.add(comp.name)
+    from ..strategies.trust import ALLOW_ENV, describe
+
+    print(f"[atlas] not benchmarked: {describe(comp)}; name it in --strategies or allow it with "
+          f"{ALLOW_ENV}={comp.namespace}", file=sys.stderr, flush=True)
+
+
 def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
     """The subjects of a case: every registered strategy that accepts the case's rule at the
     config's chunk size, or else the rule rebuilt with ``anchor = chunk`` (an anchored subject);
@@ -195,10 +211,16 @@ def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
     if case.kind == "decode":
         subs = [DecodeSubject(c, config.decode_tokens) for c in dict.fromkeys(config.decode_chunks)]
         return [s for s in subs if s.supports(case)[0]]
+    from ..strategies.trust import allowed, env_allowed
+
     reg = get_registry()
     out: list[Subject] = []
+    allow = env_allowed()
     for comp in sorted(reg.all("strategy"), key=lambda c: (c.priority, c.name)):
         if config.strategies is not None and comp.name not in config.strategies:
+            continue
+        if config.strategies is None and not allowed(comp, allow):
+            _note_third_party(comp)
             continue
         model = comp.load_params()
         fields = getattr(model, "model_fields", {}) if model is not None else {}
