@@ -39,8 +39,10 @@ from einops import rearrange
 
 from . import input_checks
 from .errors import Issue, SpecError, did_you_mean
+from .forms.rule_form import RuleForm
 from .knobs import Algorithm, Bias, FeatureMap, Retention, Structure
-from .knobs.gates import CORE_GATES, Gate, merge_gates
+from .knobs.gates import declared_gates as _declared_gates
+from .knobs.gates import merge_gates
 from .rule_base import Rule  # noqa: F401  (the base class lives in rule_base.py; public here)
 
 KNOB_KINDS = {
@@ -119,23 +121,9 @@ class MemoryInputs:
         return parts[0], parts[1]
 
 
-_CORE_GATES = {g.name: g for g in CORE_GATES}
-
-
-def _declared_gates(knob) -> tuple[Gate, ...]:
-    """A knob's declared gates. A knob written before declarations (``gate_names`` set, ``gates``
-    not) still works when it names core gates, which get the core declarations."""
-    gates = tuple(knob.gates)
-    legacy = tuple(knob.gate_names)
-    if set(legacy) == {g.name for g in gates}:
-        return gates
-    unknown = [n for n in legacy if n not in _CORE_GATES]
-    if unknown:
-        raise ValueError(
-            f"{type(knob).__name__} names gates {list(legacy)} in gate_names but declares "
-            f"{[g.name for g in gates]} in gates; declare every gate it reads as "
-            "gates = (atlas_core.knobs.Gate(name, ...), ...) (docs/plugins.md#gates)")
-    return tuple(_CORE_GATES[n] for n in legacy)
+#: the attributes a rule's form is read from: replacing one recomputes `ComposedRule.form`
+_FORM_INPUTS = frozenset(("structure", "bias", "retention", "algorithm", "feature_map", "anchor",
+                          "read", "steps_per_token", "gates"))
 
 
 def _check_tensor(name: str, x: Any, rank: int, layout: str) -> torch.Tensor:
@@ -206,7 +194,12 @@ class ComposedRule(Rule):
             kept = {g.name for g in _declared_gates(self.retention)}
             self.step_gates = tuple(g.name for g in self.gates if g.name not in kept)
         self._gate_shapes = {g.name: g.shape for g in self.gates}
-        self._retention_gated = bool(_declared_gates(self.retention)) or self.retention.fixed_alpha
+        self.form = RuleForm.of(self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in _FORM_INPUTS and "form" in self.__dict__:  # a knob replaced after the build
+            self.form = RuleForm.of(self)
 
     # -- sizes ----------------------------------------------------------------------------------
     @property
@@ -352,7 +345,7 @@ class ComposedRule(Rule):
             self.bind(H, Dk, Dv)
         ones = torch.ones(B, H, T, dtype=cdtype, device=q.device)
         # a retention without gates keeps everything; the bias's per-token weight (None: 1)
-        alpha = self._alpha(gates, ones) if self._retention_gated else ones
+        alpha = self._alpha(gates, ones) if self.form.retention_gated else ones
         if self.steps_per_token > 1:  # the retention acts once per token, at its first sub-step
             alpha = self._first_substep(alpha)
         qf = self.feature_map(q.to(cdtype))

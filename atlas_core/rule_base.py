@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from . import input_checks
+from .forms.rule_form import RuleForm
 from .knobs.gates import Gate
 
 
@@ -47,6 +48,9 @@ class Rule(nn.Module):
     takes_qkv: bool = True
     #: knob-composed (`ComposedRule`): a structure and a feature map to read the memory with
     composed: bool = False
+    #: what every strategy, backend and the kit read about the rule (`atlas_core.forms.RuleForm`),
+    #: decided once when the rule is built; a standalone rule's is ``RuleForm()``
+    form: RuleForm = RuleForm()
 
     def bind(self, heads: int, d_key: int | None = None, d_value: int | None = None) -> "Rule":
         """Fix the sizes a caller works with (heads, Dk, Dv); the base records nothing."""

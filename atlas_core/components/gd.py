@@ -22,8 +22,8 @@ class GD(Algorithm):
         raw = {k: _bc(alpha, pre[k]) * pre[k] - _bc(theta, g[k]) * g[k] for k in W}
         return retention.post(raw), opt
 
-    def chunk(self, W0, opt0, G, *, decay, gates):
-        theta, A = gates["theta"], gates["_A"]  # [B, H, C]
+    def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
+        theta, A = gates["theta"], decay_from_start  # [B, H, C]
         out = {}
         for k, w0 in W0.items():
             upd = torch.einsum("bhtj,bhj...->bht...", decay, _bc(theta, G[k]) * G[k])

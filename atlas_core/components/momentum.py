@@ -31,8 +31,8 @@ class Momentum(Algorithm):
         raw = {k: _bc(alpha, pre[k]) * pre[k] - Z[k] for k in W}
         return retention.post(raw), {f"Z.{k}": z for k, z in Z.items()}
 
-    def chunk(self, W0, opt0, G, *, decay, gates):
-        eta, theta, A = gates["eta"], gates["theta"], gates["_A"]
+    def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
+        eta, theta, A = gates["eta"], gates["theta"], decay_from_start
         E = decay_matrix(eta)  # [B, H, C, C]
         P = torch.cumprod(eta, dim=-1)  # [B, H, C]
         out, opt = {}, {}

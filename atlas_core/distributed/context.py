@@ -75,20 +75,21 @@ def _name(value: Any) -> str | None:
 
 def affine_reason(rule) -> str | None:
     """None when ``rule``'s memory update is affine in its memory (the ``affine`` mode is exact),
-    else why not (the knob that makes it non-affine). Decided from the knobs' declared traits:
-    a linear structure, an algorithm with a linear closed form (gd or momentum), a linear
-    retention and a bias whose error is the l2 one (alone or inside a window)."""
-    if not rule.composed:
+    else why not (the knob that makes it non-affine). Decided from the rule's form
+    (`atlas_core.forms.RuleForm`): a linear structure, an algorithm with a linear closed form (gd
+    or momentum), a linear retention and a bias whose error is the l2 one (alone or inside a
+    window)."""
+    f = rule.form
+    if not f.composed:
         return "a standalone rule (not composed from knobs)"
-    spec = rule.spec
-    if not rule.structure.is_linear:
-        return f"structure {_name(spec.get('structure'))!r} (a deep memory is not affine in its weights)"
-    if rule.algorithm.linear_form not in ("gd", "momentum"):
-        return f"algorithm {_name(spec.get('algorithm'))!r}"
-    if not rule.retention.linear:
-        return f"retention {_name(spec.get('retention'))!r}"
-    if rule.bias.error_kind != "l2":
-        return f"bias {_name(spec.get('bias'))!r}"
+    if not f.memory_linear:
+        return f"structure {_name(f.name('structure'))!r} (a deep memory is not affine in its weights)"
+    if f.update is None:
+        return f"algorithm {_name(f.name('algorithm'))!r}"
+    if not f.retention_linear:
+        return f"retention {_name(f.name('retention'))!r}"
+    if f.error != "l2":
+        return f"bias {_name(f.name('bias'))!r}"
     return None
 
 

@@ -49,11 +49,12 @@ class Algorithm:
         structure (`Structure.retain`) before the step, which then gets ``alpha = 1``."""
         raise NotImplementedError
 
-    def chunk(self, W0, opt0, G, *, decay, gates):
+    def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
         """A chunk of C tokens from anchored per-token gradients ``G {k: [B, H, C, *s]}``.
 
         ``decay`` is the [B, H, C, C] matrix ``L[t, j] = A_t / A_j`` (j <= t, else 0) and
-        ``decay_from_start`` ``A_t`` is ``decay``'s companion in ``gates["_A"]`` ([B, H, C]).
+        ``decay_from_start`` its companion ``A_t = prod_{m<=t} alpha_m`` ([B, H, C]); ``gates``
+        holds the algorithm's own gates, ``[B, H, C]`` each.
         Returns (per-token weights ``{k: [B, H, C, *s]}``, final optimiser state)."""
         raise NotImplementedError
 

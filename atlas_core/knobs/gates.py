@@ -24,7 +24,7 @@ This module imports no torch (entry modules may name gates).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 SHAPES = ("head", "key")
@@ -35,6 +35,11 @@ ACTIVATION_RANGES = {"sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0), "softplus": (0.
                      "exp": (0.0, None)}
 #: activations with both ends finite: a gate with one of them should declare its ``range``
 BOUNDED_ACTIVATIONS = ("sigmoid", "tanh")
+#: what a gate does in the rule, the name strategies and kernels read it by (`RuleForm.gate`):
+#: the inner learning rate (theta), the momentum decay (eta), the retain factor (alpha), the
+#: per-token weight of the loss (gamma), an input of a retention's own per-token transition
+#: (RWKV-7's), or "" for a gate only its own knob reads
+ROLES = ("step_size", "momentum", "retention", "weight", "transition", "")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,11 @@ class Gate:
       for a retain factor, ``(0.0, None)`` for a learning rate), or None when any value goes;
       the opt-in input checks (`atlas_core.input_checks`) refuse a gate outside it. The
       conformance kit tries each end; without a declared range it tries the ends the activation
-      implies (`implied_range`) and warns for a bounded activation (sigmoid, tanh).
+      implies (`implied_range`) and warns for a bounded activation (sigmoid, tanh);
+    - ``role``: what the gate is to the rule (one of `ROLES`: ``"step_size"``, ``"momentum"``,
+      ``"retention"``, ``"weight"``, ``"transition"``, or ``""``). Strategies and kernels read a
+      gate by its role through the rule's form (``p.gates[rule.form.gate("step_size")]``), never
+      by its name. Not part of a gate's identity: two knobs sharing a gate need not both say it.
     """
 
     name: str
@@ -61,12 +70,15 @@ class Gate:
     scale: float = 1.0
     summary: str = ""
     range: tuple[float | None, float | None] | None = None
+    role: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise ValueError(f"a gate's name must be an identifier, got {self.name!r}")
         if self.shape not in SHAPES:
             raise ValueError(f"gate {self.name!r}: shape must be one of {SHAPES}, got {self.shape!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"gate {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(
                 f"gate {self.name!r}: activation must be one of {ACTIVATIONS}, got {self.activation!r}")
@@ -123,12 +135,13 @@ class Gate:
 
 # The core's gates (docs/math.md names and the memory layer's historical initial biases).
 ALPHA = Gate("alpha", bias=3.0, summary="retain factor alpha_t in [0, 1]: sigmoid(3.0) ~ 0.95",
-             range=(0.0, 1.0))
-ETA = Gate("eta", bias=2.0, summary="momentum decay eta_t in [0, 1]: sigmoid(2.0) ~ 0.88", range=(0.0, 1.0))
+             range=(0.0, 1.0), role="retention")
+ETA = Gate("eta", bias=2.0, summary="momentum decay eta_t in [0, 1]: sigmoid(2.0) ~ 0.88", range=(0.0, 1.0),
+           role="momentum")
 THETA = Gate("theta", bias=-4.6, summary="inner learning rate theta_t: theta_scale * sigmoid(-4.6) ~ 0.01",
-             range=(0.0, None))
+             range=(0.0, None), role="step_size")
 GAMMA = Gate("gamma", bias=3.0, summary="Omega window weight gamma_t in [0, 1]: sigmoid(3.0) ~ 0.95",
-             range=(0.0, 1.0))
+             range=(0.0, 1.0), role="weight")
 
 #: The four gates of the first layer releases, in their historical order (the order of the
 #: layer's gate projection rows, kept so that checkpoints load).
@@ -160,9 +173,26 @@ def merge_gates(declared: Iterable[tuple[str, Iterable[Gate]]]) -> tuple[Gate, .
     return tuple(core + rest)
 
 
+def declared_gates(knob) -> tuple[Gate, ...]:
+    """A knob's declared gates. A knob written before declarations (``gate_names`` set, ``gates``
+    not) still works when it names core gates, which get the core declarations."""
+    gates = tuple(knob.gates)
+    legacy = tuple(knob.gate_names)
+    if set(legacy) == {g.name for g in gates}:
+        return gates
+    core = {g.name: g for g in CORE_GATES}
+    unknown = [n for n in legacy if n not in core]
+    if unknown:
+        raise ValueError(
+            f"{type(knob).__name__} names gates {list(legacy)} in gate_names but declares "
+            f"{[g.name for g in gates]} in gates; declare every gate it reads as "
+            "gates = (atlas_core.knobs.Gate(name, ...), ...) (docs/plugins.md#gates)")
+    return tuple(core[n] for n in legacy)
+
+
 def names(gates: Iterable[Gate]) -> tuple[str, ...]:
     return tuple(g.name for g in gates)
 
 
 __all__ = ["ACTIVATIONS", "ACTIVATION_RANGES", "ALPHA", "BOUNDED_ACTIVATIONS", "CORE_GATES",
-           "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "SHAPES", "THETA", "merge_gates", "names"]
+           "CORE_GATE_NAMES", "ETA", "GAMMA", "Gate", "ROLES", "declared_gates", "SHAPES", "THETA", "merge_gates", "names"]

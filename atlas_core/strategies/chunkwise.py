@@ -178,27 +178,28 @@ def _chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> d
     if not (gd_form and c == 1):  # a one-token window is a diagonal: not formed on the gd paths
         g_ext = torch.stack(_window_chunks(F.pad(xg, (0, N * C - T)), C, c, N * C), dim=2)
         kern["Wm"] = window_matrix(g_ext, lag, C)  # [B, H, N, C, C + c - 1]
+    f = rule.form
     if gd_form:
-        theta = _chunk_stack(p.gates["theta"], C, N, 0.0)
+        theta = _chunk_stack(p.gates[f.gate("step_size")], C, N, 0.0)
         if c == 1:  # theta diag(Wm) scales the columns: no C x C product
             scale = (theta * _chunk_stack(xg, C, N, 0.0) * lag[0]).unsqueeze(-2)
         else:
             TW = theta.unsqueeze(-1) * kern["Wm"]
-        if rule.algorithm.linear_form == "gd":
+        if f.update == "gd":
             K = L * scale if c == 1 else L @ TW
         else:
-            eta = _chunk_stack(p.gates["eta"], C, N, 1.0)
+            eta = _chunk_stack(p.gates[f.gate("momentum")], C, N, 1.0)
             E = decay_matrix(eta)
             KZ = E * scale if c == 1 else E @ TW  # Z_t's coefficients
             K = L @ KZ
             P = torch.cumprod(eta, dim=-1)
             PL = L @ P.unsqueeze(-1)  # [B, H, N, C, 1]
             kern.update(KZ=KZ, PL=PL, Pn=P[..., -1, None, None])
-            kern["PLr"] = _shift_down(PL, 0.0) if rule.read == "before" else PL
+            kern["PLr"] = _shift_down(PL, 0.0) if f.read == "before" else PL
         kern["K"] = K
         Ar = A.unsqueeze(-1)
-        kern["Kr"] = _shift_down(K, 0.0) if rule.read == "before" else K
-        kern["Ar"] = _shift_down(Ar, 1.0) if rule.read == "before" else Ar
+        kern["Kr"] = _shift_down(K, 0.0) if f.read == "before" else K
+        kern["Ar"] = _shift_down(Ar, 1.0) if f.read == "before" else Ar
     out = {}
     last = T - (N - 1) * C  # tokens in the last chunk
     for name, x in kern.items():
@@ -232,9 +233,9 @@ class Chunkwise(Strategy):
         """The chunk size this strategy runs ``rule`` with (see `supports`)."""
         if self.chunk_size is not None:
             return self.chunk_size
-        A = int(rule.anchor)
+        A = rule.form.anchor
         if A == 1:
-            return MAX_DEFAULT_CHUNK if _anchor_free(rule) else 1
+            return MAX_DEFAULT_CHUNK if rule.form.anchor_free else 1
         return self.chunk_for_anchor(A)
 
     @staticmethod
@@ -243,36 +244,37 @@ class Chunkwise(Strategy):
         return max(d for d in range(1, min(A, MAX_DEFAULT_CHUNK) + 1) if A % d == 0)
 
     def supports(self, rule) -> tuple[bool, str]:
-        if not rule.composed:
+        f = rule.form  # decided once when the rule was built (atlas_core.forms.RuleForm)
+        if not f.composed:
             return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
-        if rule.retention.per_token_transition:
+        if f.per_token_transition:
             return False, (
-                f"retention {rule.spec.get('retention')!r} multiplies the memory by a per-token "
+                f"retention {f.name('retention')!r} multiplies the memory by a per-token "
                 "matrix (a transition such as RWKV-7's diagonal-plus-low-rank one), which has no "
                 "chunked form here; core:sequential runs it"
             )
-        if not rule.retention.linear:
+        if not f.retention_linear:
             return False, (
-                f"retention {rule.spec.get('retention')!r} is nonlinear (it transforms the memory "
+                f"retention {f.name('retention')!r} is nonlinear (it transforms the memory "
                 "after each step), so a chunk cannot be solved as a linear recurrence"
             )
-        if rule.retention.alpha_shape != "head" and not (
-                self.fast_path(rule) and rule.algorithm.linear_form == "gd" and rule.window == 1):
+        if f.retention_shape != "head" and not (
+                self.fast_path(rule) and f.update == "gd" and not f.windowed):
             return False, (
-                f"retention {rule.spec.get('retention')!r} retains per key dimension; the chunk "
+                f"retention {f.name('retention')!r} retains per key dimension; the chunk "
                 "form here decays per key only for core:gd on a linear memory with a one-token "
                 "window (core:sequential runs the rest)"
             )
-        if type(rule.algorithm).chunk is Algorithm.chunk:
-            hint = rule.algorithm.chunk_hint
+        if not f.algorithm_chunk:
+            hint = f.chunk_hint
             return False, (
-                f"algorithm {rule.spec.get('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
+                f"algorithm {f.name('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
             )
-        A, C = int(rule.anchor), self.chunk_size
-        free = A == 1 and _anchor_free(rule)  # any chunk: the gradients ignore the memory
-        if rule.retention.gradient_at != "current" and not free:
+        A, C = f.anchor, self.chunk_size
+        free = A == 1 and f.anchor_free  # any chunk: the gradients ignore the memory
+        if f.gradient_at != "current" and not free:
             return False, (
-                f"retention {rule.spec.get('retention')!r} takes each gradient at that token's "
+                f"retention {f.name('retention')!r} takes each gradient at that token's "
                 "decayed memory, which no chunk anchor shares; core:exact_chunk runs it exactly "
                 "where it can (gd, l2), else core:sequential"
             )
@@ -297,21 +299,18 @@ class Chunkwise(Strategy):
         return True, ""
 
     def fast_path(self, rule) -> bool:
-        return rule.structure.is_linear and rule.algorithm.linear_form in ("gd", "momentum")
+        """The linear path (`_linear_chunk`): gd or momentum on a linear memory."""
+        return "linear_chunk" in rule.form.chunk_forms
 
     def dual_path(self, rule) -> bool:
         """The dual form (`_dual_chunk`): gd or momentum on a structure that gives its per-token
         gradients as rank-one factors and its read as a chain of matrix products."""
-        S = rule.structure
-        return (
-            rule.algorithm.linear_form in ("gd", "momentum")
-            and S.rank_one_grads
-        )
+        return "dual_chunk" in rule.form.chunk_forms
 
     def run(self, rule, inputs):
         C = self.chunk_for(rule)
         T = inputs.shape[2]
-        head = (-rule.position(inputs)) % C if rule.anchor > 1 else 0
+        head = (-rule.position(inputs)) % C if rule.form.anchored else 0
         if 0 < head < T:  # the call starts inside a chunk: run up to its boundary first
             first, rest = inputs.split(head)
             y1, st = self.run(rule, first)
@@ -325,17 +324,19 @@ class Chunkwise(Strategy):
     # -- PyTorch --------------------------------------------------------------------------------
     def run_torch(self, rule, p):
         B, H, T = p.shape
-        S, c, A = rule.structure, rule.window, int(rule.anchor)
+        f = rule.form
+        S, c, A = rule.structure, f.window, f.anchor
         # a call aligned to a chunk boundary (see `run`); a short call is one short chunk, not a
         # padded whole one
         C = max(1, min(self.chunk_for(rule), T))
-        if p.alpha.dim() == 4 and A == 1 and rule.bias.error_kind == "dot":
+        per_key = f.retention_shape == "key"  # decay per key dimension (gd, c = 1)
+        if per_key and A == 1 and f.error == "dot":
             # per-key decay with the dot bias (GLA): its gradients ignore the memory, so the
             # anchored form is the exact one, run for all chunks at once
             from .key_decay_chunk import run_key_decay
 
             return run_key_decay(rule, p, C)
-        if dot_chunk.applies(rule, p):  # the memory never enters: every chunk at once
+        if dot_chunk.applies(rule):  # the memory never enters: every chunk at once
             y, W = dot_chunk.run_dot(rule, p, C)
             return y, rule._final_state(W, {}, *rule._extended(p))
         W = {k: p.state[k] for k in S.weight_shapes()}
@@ -351,10 +352,9 @@ class Chunkwise(Strategy):
         alpha_c = p.alpha.split(C, dim=2)
         gates_c = {k: g.split(C, dim=2) for k, g in p.gates.items()}
         xk_c, xv_c = (_window_chunks(x, C, c, T) for x in (xk, xv))
-        per_key = p.alpha.dim() == 4  # decay per key dimension (gd, c = 1): `_key_linear_chunk`
         kern = {} if per_key else _chunk_kernels(rule, p, xg, lag, C, c, T, gd_form=fast or dual)
         if per_key:
-            w_c = (p.gates["theta"] * xg * lag[0]).split(C, dim=2)  # token weights [B, H, n]
+            w_c = (p.gates[f.gate("step_size")] * xg * lag[0]).split(C, dim=2)  # token weights [B, H, n]
         pos = rule.position(p) if A > 1 else 0
         carry = {f"W.{k}": w for k, w in W.items()} | {f"opt.{k}": z for k, z in opt.items()}
         if A > 1:  # the anchor memory is carried while a block spans chunks
@@ -481,30 +481,31 @@ class Chunkwise(Strategy):
 
     def _generic_chunk(self, rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha, anchor):
         S = rule.structure
-        if S.rank_one_grads and hasattr(rule.algorithm, "chunk_factors"):
+        f = rule.form
+        if f.rank_one_grads and f.algorithm_factors:
             # the gradients as rank-one factors (`Muon.chunk_factors`): no per-token gradient
             Wall, opt = rule.algorithm.chunk_factors(W, opt, S.grad_factors(anchor, xe, U), Wm,
-                                                     decay=L, gates={**gates, "_A": A})
+                                                     decay=L, decay_from_start=A, gates=gates)
             return self._read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
         per_tok = S.grad_per_token(anchor, xe, U)  # {k: [B, H, m, *s]}, at the anchor memory
-        if rule.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
+        if f.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
             w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
             G = {k: _bc(w, g) * g for k, g in per_tok.items()}
         else:
             G = {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
-        if rule.algorithm.linear_form in ("gd", "momentum"):
+        if f.update is not None:
             # The algorithm's own step, token by token over the anchored gradients: O(C |W|)
             # work where the decay-matrix form (`Algorithm.chunk`) costs O(C^2 |W|) — what
             # dominates for a deep memory, whose |W| is far larger than C.
             Wall, opt = _step_through(rule, W, opt, G, alpha, gates)
         else:
-            Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, gates={**gates, "_A": A})
+            Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, decay_from_start=A, gates=gates)
         return self._read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
 
     @staticmethod
     def _read_chunk(rule, W, Wall, psi):
         """Per-token reads at the per-token weights ``Wall`` (at ``M_{t-1}`` for read before)."""
-        if rule.read == "before":
+        if rule.form.read == "before":
             Wall = {k: _shift_rows(w, W[k].unsqueeze(2)) for k, w in Wall.items()}
         return rule.structure.read_per_token(Wall, psi)
 
@@ -519,18 +520,12 @@ def _key_linear_chunk(rule, M0, x, U, psi, alpha, w):
 
     b = log_tiny(alpha).cumsum(-2)  # [B, H, n, Dk]; finite gradient at alpha = 0
     xw = w.unsqueeze(-1) * x
-    after = rule.read == "after"
+    after = rule.form.read == "after"
     r = b if after else torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2)
     y = (psi * torch.exp(r)) @ M0.transpose(-1, -2) - decayed_scores(psi, r, xw, b, strict=not after) @ U
     bC = b[..., -1:, :]
     M = M0 * torch.exp(bC) - U.transpose(-1, -2) @ (xw * torch.exp(bC - b))
     return y, {"M": M}
-
-
-def _anchor_free(rule) -> bool:
-    """Anchoring cannot change this rule: a linear memory whose bias's error ignores the
-    prediction (``core:dot``), so every gradient ``u phi^T`` is the same at any memory."""
-    return bool(rule.bias.prediction_free) and bool(rule.structure.is_linear)
 
 
 def build(params, ctx) -> Chunkwise:

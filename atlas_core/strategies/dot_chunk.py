@@ -35,12 +35,11 @@ def _decays(alpha: torch.Tensor) -> torch.Tensor:
     return torch.exp((cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(upper, float("-inf")))
 
 
-def applies(rule, p) -> bool:
-    """Whether `run_dot` computes this call: a per-token (or anchor-free) rule on a linear
-    memory, prediction-free bias, one-token window, gd, scalar retention at the current point."""
-    return (rule.structure.is_linear and rule.bias.prediction_free and rule.window == 1
-            and rule.algorithm.linear_form == "gd" and p.alpha.dim() == 3
-            and rule.anchor == 1 and rule.retention.gradient_at == "current")
+def applies(rule) -> bool:
+    """Whether `run_dot` computes this rule (its form's ``"dot_chunk"``): a per-token rule on a
+    linear memory, prediction-free bias, one-token window, gd, scalar retention at the current
+    point."""
+    return "dot_chunk" in rule.form.chunk_forms
 
 
 def run_dot(rule, p, C: int):
@@ -60,19 +59,20 @@ def run_dot(rule, p, C: int):
     x, psi = chunks(p.phik), chunks(p.psi)  # [B, H, N, C, Dphi]
     # -theta_j w_j u_j, u_j = error(., v_j) (prediction-free: any prediction gives the same);
     # padded tokens weigh 0
+    f = rule.form
     lag0 = rule.bias.lag_weights(p.v.dtype, p.v.device)[0]
-    wt = p.gates["theta"] * p.gamma * lag0  # [B, H, T]
+    wt = p.gates[f.gate("step_size")] * p.gamma * lag0  # [B, H, T]
     # error(., v) = -v for the dot bias: the two signs cancel
-    err, sign = (p.v, wt) if rule.bias.error_kind == "dot" else (rule.bias.error(p.v, p.v), -wt)
+    err, sign = (p.v, wt) if f.error == "dot" else (rule.bias.error(p.v, p.v), -wt)
     u = chunks(err) * chunks(sign).unsqueeze(-1)  # [B, H, N, C, Dv]
-    if not rule.retention.gates and not rule.retention.fixed_alpha:  # alpha = 1: no decay
+    if not f.retention_gated:  # alpha = 1: no decay
         L = torch.ones(C, C, dtype=u.dtype, device=u.device).tril()
         A = torch.ones(C, dtype=u.dtype, device=u.device).expand(B, H, N, C)
     else:
         alpha = chunks(p.alpha, 1.0)  # [B, H, N, C]
         L = _decays(alpha)  # [B, H, N, C, C], L[t, j] = A_t / A_j for j <= t
         A = torch.cumprod(alpha, dim=-1)  # [B, H, N, C]
-    if rule.read == "before":  # y_t reads M_{t-1}: the rows of t - 1, the start scaled by A_{t-1}
+    if f.read == "before":  # y_t reads M_{t-1}: the rows of t - 1, the start scaled by A_{t-1}
         Lr = torch.cat([torch.zeros_like(L[..., :1, :]), L[..., :-1, :]], dim=-2)
         Ar = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], dim=-1)
     else:

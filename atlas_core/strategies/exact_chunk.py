@@ -81,7 +81,6 @@ import torch.nn.functional as F
 
 from ..host.registry import Params
 from ..params import size_field
-from ..knobs.retention import Retention
 from .base import Strategy
 from .decay import decay_matrix
 from .key_decay_chunk import run_key_decay
@@ -146,81 +145,77 @@ class ExactChunk(Strategy):
         return f"{self.name}(chunk_size={self.chunk_size})"
 
     def supports(self, rule) -> tuple[bool, str]:
-        if not rule.composed:
+        f = rule.form  # decided once when the rule was built (atlas_core.forms.RuleForm)
+        if not f.composed:
             return False, "core:exact_chunk runs knob-composed rules; this rule is standalone"
-        spec, anchor = rule.spec, rule.anchor
-        if anchor != 1:
+        if f.anchored:
             return False, (
-                f"the rule is anchored (anchor = {anchor}: every gradient of a block is taken at "
+                f"the rule is anchored (anchor = {f.anchor}: every gradient of a block is taken at "
                 "the block's start memory); core:exact_chunk runs the per-token rule (anchor = 1) "
                 "— run anchored rules with core:chunkwise"
             )
-        if not (rule.structure.is_linear and set(rule.structure.weight_shapes()) == {"M"}):
+        if not f.matrix_memory:
             return False, (
-                f"structure {spec.get('structure')!r} is not a linear matrix memory; the WY form "
+                f"structure {f.name('structure')!r} is not a linear matrix memory; the WY form "
                 "needs every step to be affine in M (use core:chunkwise or core:sequential)"
             )
-        form = rule.algorithm.linear_form
-        if form not in ("gd", "momentum"):
+        if f.update is None:
             return False, (
-                f"algorithm {spec.get('algorithm')!r} is neither core:gd nor core:momentum: its "
+                f"algorithm {f.name('algorithm')!r} is neither core:gd nor core:momentum: its "
                 "step is not a linear recurrence in the gradient (use core:sequential)"
             )
-        if form == "momentum":
-            keys = set(rule.algorithm.init_opt({"M": torch.empty(0)}))
-            if keys != {"Z.M"}:
-                return False, f"algorithm {spec.get('algorithm')!r} keeps state {sorted(keys)}, not Z.M"
-        ret = rule.retention
-        kind = rule.bias.error_kind
-        if ret.alpha_shape == "key" or kind == "dot":
-            # per-key decay (GLA, KDA) and the dot bias: key_decay_chunk.py
-            if form != "gd" or rule.window != 1 or kind not in ("l2", "dot"):
+        if f.momentum and f.opt_keys != ("Z.M",):
+            return False, f"algorithm {f.name('algorithm')!r} keeps state {list(f.opt_keys)}, not Z.M"
+        if f.retention_shape == "key" or f.error == "dot":
+            # per-key decay (GLA, KDA) and the dot bias: forms/key_decay_chunk.py
+            if f.update != "gd" or f.windowed or f.error not in ("l2", "dot"):
                 return False, (
-                    f"retention {spec.get('retention')!r} / bias {spec.get('bias')!r}: the exact "
+                    f"retention {f.name('retention')!r} / bias {f.name('bias')!r}: the exact "
                     "per-key-decay form (and the dot bias's) is implemented for core:gd with the l2 "
                     "or dot bias and a one-token window (use core:sequential)"
                 )
-            if ret.per_token_transition:
+            if f.per_token_transition:
                 return False, (
-                    f"retention {spec.get('retention')!r} multiplies the memory by a per-token "
+                    f"retention {f.name('retention')!r} multiplies the memory by a per-token "
                     "matrix (a transition such as RWKV-7's), which has no exact chunked form "
                     "here; core:sequential runs it")
-            if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
-                return False, f"retention {spec.get('retention')!r} transforms the memory after each step"
+            if not f.retention_linear:
+                return False, f"retention {f.name('retention')!r} transforms the memory after each step"
             return True, ""
-        if not _is_l2(rule.bias):
+        if f.error != "l2":
             return False, (
-                f"bias {spec.get('bias')!r} is not the l2 (delta-rule) bias, alone or in an Omega "
+                f"bias {f.name('bias')!r} is not the l2 (delta-rule) bias, alone or in an Omega "
                 "window: the exact form needs an error linear in the memory, M k - v "
                 "(use core:chunkwise or core:sequential)"
             )
-        if ret.gradient_at != "current" and (form != "gd" or rule.window != 1):
+        if f.gradient_at != "current" and (f.update != "gd" or f.windowed):
             return False, (
-                f"retention {spec.get('retention')!r} takes the gradient at the decayed memory: "
+                f"retention {f.name('retention')!r} takes the gradient at the decayed memory: "
                 "the exact form is implemented for gd with a one-token window only"
             )
-        if ret.per_token_transition:
+        if f.per_token_transition:
             return False, (
-                f"retention {spec.get('retention')!r} multiplies the memory by a per-token matrix "
+                f"retention {f.name('retention')!r} multiplies the memory by a per-token matrix "
                 "(a transition such as RWKV-7's), which has no exact chunked form here; "
                 "core:sequential runs it"
             )
-        if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
+        if not f.retention_linear:
             return False, (
-                f"retention {spec.get('retention')!r} is not a scalar decay (it transforms the "
+                f"retention {f.name('retention')!r} is not a scalar decay (it transforms the "
                 "memory after each step)"
             )
         return True, ""
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, rule, p):
-        if rule.retention.alpha_shape == "key" or rule.bias.error_kind == "dot":
+        f = rule.form
+        if f.retention_shape == "key" or f.error == "dot":
             return run_key_decay(rule, p, self.chunk_size)  # GLA / KDA, and the dot bias
         B, H, T = p.shape
         # a call shorter than a chunk is one short chunk, not a padded whole one (a prompt of a
         # few tokens at chunk size 1024 costs O(T^2), not O(C^2))
-        C, c = max(1, min(self.chunk_size, p.shape[2])), rule.window
-        mom = rule.algorithm.linear_form == "momentum"
+        C, c = max(1, min(self.chunk_size, p.shape[2])), f.window
+        mom = f.momentum
         S = p.state["M"]  # [B, H, Dv, Dk]
         Dv, Dk = S.shape[-2:]
         xk, xv, xg = rule.extended_inputs(p)  # the carried window first: [B, H, c - 1 + T, .]
@@ -231,11 +226,11 @@ class ExactChunk(Strategy):
         pad = N * C - T  # whole chunks: a padded token has k = 0, v = 0, theta = 0, alpha = eta = 1
         last = C - 1 - pad  # the last chunk's last real token: the final state is taken there
         lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
-        theta = F.pad(p.gates["theta"], (0, pad)).unflatten(-1, (N, C))  # [B, H, N, C]
+        theta = F.pad(p.gates[f.gate("step_size")], (0, pad)).unflatten(-1, (N, C))  # [B, H, N, C]
         Q = _pad_tokens(p.psi, pad).unflatten(2, (N, C))  # [B, H, N, C, Dk]
-        gates = [p.alpha] + ([p.gates["eta"]] if mom else [])
+        gates = [p.alpha] + ([p.gates[f.gate("momentum")]] if mom else [])
         gates = F.pad(torch.stack(gates), (0, pad), value=1.0).unflatten(-1, (N, C))
-        after = rule.read == "after"
+        after = f.read == "after"
 
         # -- everything that does not depend on the memory, for all chunks at once --------------
         D = decay_matrix(gates)  # L (and E): [.., B, H, N, C, C]
@@ -252,7 +247,7 @@ class ExactChunk(Strategy):
         Kp = _shift_down(K, 0.0, dim=-2)  # K[t-1, j]: strictly lower
         Ap = _shift_down(A, 1.0, dim=-1)
         Kr, Ar = (K, A) if after else (Kp, Ap)
-        if rule.retention.gradient_at == "retained":
+        if f.gradient_at == "retained":
             # (gd, c = 1) the error at the decayed memory alpha_t M_{t-1} = A_t S - sum_{j<t}
             # L[t, j] theta_j e_j k_j^T: the system's rows are L's strictly lower part and A_t
             # in place of L[t-1, .] and A_{t-1}; the reads and the state update are unchanged

@@ -180,15 +180,16 @@ def run_key_decay(rule, p, chunk_size: int):
     C = max(1, min(chunk_size, T))
     N = -(-T // C)
     pad = N * C - T  # padded tokens: k = q = v = 0, w = 0, alpha = 1 (they change nothing)
-    l2 = rule.bias.error_kind == "l2"
-    retained = rule.retention.gradient_at == "retained"
-    after = rule.read == "after"
-    alpha = p.alpha if p.alpha.dim() == 4 else p.alpha.unsqueeze(-1).expand(B, H, T, Dk)
+    f = rule.form
+    l2 = f.error == "l2"
+    retained = f.gradient_at == "retained"
+    after = f.read == "after"
+    alpha = p.alpha if f.retention_shape == "key" else p.alpha.unsqueeze(-1).expand(B, H, T, Dk)
     la = F.pad(log_tiny(alpha), (0, 0, 0, pad))  # enters running sums: floored at log(tiny)
     b = la.unflatten(2, (N, C)).cumsum(-2)  # b_t from the chunk's start: [B, H, N, C, Dk]
     bp = torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2)  # b_{t-1}
     lag0 = rule.bias.lag_weights(p.v.dtype, p.v.device)[0]
-    w = F.pad(p.gates["theta"] * p.gamma * lag0, (0, pad)).unflatten(-1, (N, C))  # [B, H, N, C]
+    w = F.pad(p.gates[f.gate("step_size")] * p.gamma * lag0, (0, pad)).unflatten(-1, (N, C))  # [B, H, N, C]
 
     def chunks(x):
         return F.pad(x, (0, 0, 0, pad)).unflatten(2, (N, C))

@@ -302,16 +302,21 @@ def check_boundary_inputs(subject) -> None:
         if named and isinstance(loss, torch.Tensor):
             grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True)
             _check_finite(dict(zip(named, grads)), labels, "the gradient", nums)
-    if composed and any(g.range is not None and g.range[1] is not None for g in rule.retention.gates):
+    if composed and any(g.range is not None and g.range[1] is not None for g in _retention_gates(rule)):
         # the long call, under the kit's parallel variant when one runs the rule (at the default
         # gates alone it is check_long_sequence_stable's)
         _long_float32(subject, subject.build_rule(dtype=torch.float32), variants[-1])
 
 
+def _retention_gates(rule) -> list:
+    """The declarations of the retention's own gates (the rule's form names them)."""
+    return [g for g in rule.gates if g.name in rule.form.retention_gates]
+
+
 def _long_float32(subject, rule, variant) -> None:
     """A long float32 call at the memory layer's default gates, except the retention's gates at
     their high end (alpha = 1: nothing is forgotten)."""
-    highs = {g.name: float(g.range[1]) for g in rule.retention.gates
+    highs = {g.name: float(g.range[1]) for g in _retention_gates(rule)
              if g.range is not None and g.range[1] is not None}
     flat = subject.inputs(rule, B=1, T=EDGE_LONG_T, dtype=torch.float32, seed=19, mode="default")
     for name, value in highs.items():

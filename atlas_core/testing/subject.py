@@ -275,9 +275,9 @@ class Subject:
 
     @staticmethod
     def composed(rule: Any) -> bool:
-        from atlas_core.rule import ComposedRule
-
-        return isinstance(rule, ComposedRule)
+        """A knob composition (its form says so), whose calls the kit makes itself."""
+        form = getattr(rule, "form", None)
+        return bool(form is not None and form.composed)
 
     def inputs(self, rule, *, B: int | None = None, T: int | None = None, dtype=None,
                seed: int = 1, mode: str = "random") -> dict:

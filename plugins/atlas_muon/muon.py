@@ -116,8 +116,8 @@ class Muon(Algorithm):
         P = torch.cumprod(eta, dim=-1)  # [B, H, C]
         return _bc(P, G) * Z0.unsqueeze(2) + torch.einsum("bhti,bhi...->bht...", E, G)
 
-    def chunk(self, W0, opt0, G, *, decay, gates):
-        eta, theta, A = gates["eta"], gates["theta"], gates["_A"]  # [B, H, C]
+    def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
+        eta, theta, A = gates["eta"], gates["theta"], decay_from_start  # [B, H, C]
         out, opt = {}, {}
         for k, w0 in W0.items():
             self._check_matrix(k, G[k], 3)
@@ -129,7 +129,7 @@ class Muon(Algorithm):
         return out, opt
 
 
-    def chunk_factors(self, W0, opt0, fac, Wm, *, decay, gates):
+    def chunk_factors(self, W0, opt0, fac, Wm, *, decay, decay_from_start, gates):
         """`chunk` with the anchored gradients given as rank-one factors (a structure with
         ``rank_one_grads``): position l of the window-extended chunk contributes
         ``delta_l z_l^T`` to each weight's gradient (``fac[k] = (delta [B, H, m, out],
@@ -141,7 +141,7 @@ class Muon(Algorithm):
             M_t = A_t M_0 - sum_j L[t, j] theta_j N_j       one product [C, C + 1] x [C + 1, |W|]
 
         (the second with ``M_0`` as an extra column of the coefficient matrix)."""
-        eta, theta, A = gates["eta"], gates["theta"], gates["_A"]  # [B, H, C]
+        eta, theta, A = gates["eta"], gates["theta"], decay_from_start  # [B, H, C]
         K = decay_matrix(eta) @ Wm  # [B, H, C, m]
         P = torch.cumprod(eta, dim=-1)
         # [-L diag(theta) | A]: the coefficients of N_1 .. N_C and of M_0 in every M_t

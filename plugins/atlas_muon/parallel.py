@@ -51,8 +51,8 @@ class AtlasParallel(Chunkwise):
                 f"memory_budget_mib={self.memory_budget_mib})")
 
     def supports(self, rule) -> tuple[bool, str]:
-        algorithm = getattr(rule, "algorithm", None)
-        if not isinstance(algorithm, Muon):
+        algorithm = rule.form.algorithm_type  # None for a standalone rule
+        if algorithm is None or not issubclass(algorithm, Muon):
             spec = getattr(rule, "spec", {}) or {}
             got = spec.get("algorithm", spec.get("use", type(rule).__name__))
             return False, (

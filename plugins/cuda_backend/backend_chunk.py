@@ -39,11 +39,27 @@ def _pow2(n: int) -> int:
     return max(16, 1 << (max(int(n), 1) - 1).bit_length())
 
 
-def bias_kind(bias) -> str | None:
-    """Which error derivative a bias uses: ``"l2"`` (pred - v), ``"dot"`` (-v) or None, as the
-    bias declares it (``Bias.error_kind``; an Omega window forwards its inner bias's)."""
-    kind = bias.error_kind
-    return kind if kind in ("l2", "dot") else None
+def rule_refusal(f) -> str | None:
+    """Why the kernel cannot run a rule of form ``f`` (`atlas_core.forms.RuleForm`) whatever the
+    call, or None: the linear matrix memory, gd or momentum, a linear scalar-decay retention with
+    the gradient at the current memory, and the l2 or dot error (alone or inside an Omega
+    window)."""
+    if not f.composed:
+        return "the rule is not knob-composed (the kernel runs linear-memory rules)"
+    if not f.matrix_memory:
+        return f"structure {f.name('structure')!r} is not the linear matrix memory"
+    if f.update is None:
+        return f"algorithm {f.name('algorithm')!r} is not gd or momentum"
+    if not f.retention_linear or f.per_token_transition:
+        return f"retention {f.name('retention')!r} is not a linear (scalar decay) retention"
+    if f.gradient_at != "current":
+        return f"retention {f.name('retention')!r} takes the gradient at the decayed memory"
+    if f.retention_shape != "head":
+        return f"retention {f.name('retention')!r} decays per key dimension (the kernel: per head)"
+    if f.error is None:
+        return (f"bias {f.name('bias')!r}: the kernel implements the l2 and dot errors "
+                "(alone or inside an Omega window)")
+    return None
 
 
 class ChunkLinearBackend(Backend):
@@ -54,29 +70,11 @@ class ChunkLinearBackend(Backend):
 
     def verify(self, strategy, rule, inputs) -> tuple[bool, str]:
         p = inputs
-        S = getattr(rule, "structure", None)
-        if S is None or not hasattr(rule, "bias"):
-            return False, "the rule is not knob-composed (the kernel runs linear-memory rules)"
-        if not S.is_linear or set(S.weight_shapes()) != {"M"}:
-            return False, f"structure {rule.spec.get('structure')!r} is not the linear matrix memory"
-        form = rule.algorithm.linear_form
-        if form not in ("gd", "momentum"):
-            return False, f"algorithm {rule.spec.get('algorithm')!r} is not gd or momentum"
-        ret = rule.retention
-        from atlas_core.knobs.retention import Retention
-
-        if not ret.linear or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post:
-            return False, f"retention {rule.spec.get('retention')!r} is not a linear (scalar decay) retention"
-        if ret.gradient_at != "current":
-            return False, f"retention {rule.spec.get('retention')!r} takes the gradient at the decayed memory"
-        if ret.alpha_shape != "head":
-            return False, f"retention {rule.spec.get('retention')!r} decays per key dimension (the kernel: per head)"
-        kind = bias_kind(rule.bias)
-        if kind is None:
-            return False, (
-                f"bias {rule.spec.get('bias')!r}: the kernel implements the l2 and dot errors "
-                "(alone or inside an Omega window)"
-            )
+        f = rule.form
+        why = rule_refusal(f)
+        if why is not None:
+            return False, why
+        form, kind = f.update, f.error
         B, H, T = p.shape
         if T == 0:
             return False, "the sequence is empty"
@@ -86,7 +84,7 @@ class ChunkLinearBackend(Backend):
         chunk_for = getattr(strategy, "chunk_for", None)
         if chunk_for is None:
             return False, f"strategy {strategy.name} has no chunk_size"
-        C, c, A = chunk_for(rule), rule.window, int(getattr(rule, "anchor", 1))
+        C, c, A = chunk_for(rule), f.window, f.anchor
         # the kernel takes each chunk's gradients at the chunk's start memory: that is the rule
         # when the chunks are its anchor blocks, or when the gradients ignore the memory (dot)
         if not (A == C or (A == 1 and kind == "dot")):
@@ -129,7 +127,7 @@ class ChunkLinearBackend(Backend):
             from .chunk_linear import Config
             from .compile_check import device_fits
 
-            cfg = Config.make(C, c, dk, dv, kind, rule.read, form == "momentum", p.psi.dtype)
+            cfg = Config.make(C, c, dk, dv, kind, f.read, form == "momentum", p.psi.dtype)
             return device_fits(cfg, p.psi.dtype, backward, p.psi.device)
         return True, ""
 
@@ -142,21 +140,21 @@ class ChunkLinearBackend(Backend):
     def _run(self, strategy, rule, inputs):
         from .chunk_linear import chunk_linear
 
-        p = inputs
-        xk, xv, xg = rule._extended(p)
+        p, f = inputs, rule.form
+        xk, xv, xg = rule.extended_inputs(p)
         lag = rule.bias.lag_weights(torch.float32, p.v.device)
-        momentum = rule.algorithm.linear_form == "momentum"
+        momentum = f.momentum
         y, M, Z = chunk_linear(
-            p.psi, xk, xv, xg, p.alpha, p.gates["theta"],
-            p.gates["eta"] if momentum else None, lag,
+            p.psi, xk, xv, xg, p.alpha, p.gates[f.gate("step_size")],
+            p.gates[f.gate("momentum")] if momentum else None, lag,
             p.state["M"], p.state["Z.M"] if momentum else None,
-            chunk_size=strategy.chunk_for(rule), bias=bias_kind(rule.bias), read=rule.read,
+            chunk_size=strategy.chunk_for(rule), bias=f.error, read=f.read,
         )
         dt = p.state["M"].dtype
         opt = {"Z.M": Z.to(dt)} if momentum else {}
         W = {"M": M.to(dt)}
-        anchored = rule.anchor_state(p, W, W) if rule.anchor > 1 else None  # whole blocks: W
-        return y, rule._final_state(W, opt, xk, xv, xg, anchored)
+        anchored = rule.anchor_state(p, W, W) if f.anchored else None  # whole blocks: W
+        return y, rule.final_state(W, opt, xk, xv, xg, anchored)
 
 
 _INSTANCE = ChunkLinearBackend()

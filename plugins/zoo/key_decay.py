@@ -22,7 +22,7 @@ from atlas_core.knobs.gates import Gate
 from atlas_core.knobs.retention import Retention
 
 ALPHA_KEY = Gate("alpha", shape="key", bias=3.0, range=(0.0, 1.0),
-                 summary="per-key retain factor alpha_t[d] in [0, 1]: sigmoid(3.0) ~ 0.95")
+                 summary="per-key retain factor alpha_t[d] in [0, 1]: sigmoid(3.0) ~ 0.95", role="retention")
 
 
 class KeyDecay(Retention):

@@ -24,11 +24,12 @@ from atlas_core.knobs.gates import Gate
 from atlas_core.knobs.retention import Retention
 
 W = Gate("w", shape="key", activation="sigmoid", bias=3.0, range=(0.0, 1.0),
-         summary="RWKV-7 per-key retain factor w_t in (0, 1): sigmoid(3.0) ~ 0.95")
+         summary="RWKV-7 per-key retain factor w_t in (0, 1): sigmoid(3.0) ~ 0.95", role="transition")
 KAPPA = Gate("kappa", shape="key", activation="identity", bias=1.0,
-             summary="RWKV-7 erase key kappa_t (its direction kappa_t / |kappa_t| is used)")
+             summary="RWKV-7 erase key kappa_t (its direction kappa_t / |kappa_t| is used)", role="transition")
 ICLR = Gate("iclr", shape="key", activation="sigmoid", bias=0.0, range=(0.0, 1.0),
-            summary="RWKV-7 in-context learning rate in (0, 1) per key dimension: sigmoid(0) = 0.5")
+            summary="RWKV-7 in-context learning rate in (0, 1) per key dimension: sigmoid(0) = 0.5",
+            role="transition")
 
 
 def erase_write(kappa: torch.Tensor, iclr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

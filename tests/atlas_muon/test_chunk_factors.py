@@ -26,11 +26,11 @@ def test_chunk_factors_equal_chunk_on_the_formed_gradients(c):
     Wm = band * torch.rand(B, H, 1, m, generator=g, dtype=DT)  # [B, H, C, m], c positions per row
     gates = {n: 0.5 + 0.5 * torch.rand(B, H, C, generator=g, dtype=DT) for n in ("eta", "theta", "alpha")}
     L = decay_matrix(gates["alpha"])
-    gates["_A"] = torch.cumprod(gates["alpha"], dim=-1)
+    A = torch.cumprod(gates["alpha"], dim=-1)
     muon = Muon(ns_steps=3)
     G = {k: torch.einsum("bhtl,bhlo,bhli->bhtoi", Wm, d, z) for k, (d, z) in fac.items()}
-    ref, ref_opt = muon.chunk(W0, opt0, G, decay=L, gates=gates)
-    got, got_opt = muon.chunk_factors(W0, opt0, fac, Wm, decay=L, gates=gates)
+    ref, ref_opt = muon.chunk(W0, opt0, G, decay=L, decay_from_start=A, gates=gates)
+    got, got_opt = muon.chunk_factors(W0, opt0, fac, Wm, decay=L, decay_from_start=A, gates=gates)
     for k in shapes:
         torch.testing.assert_close(got[k], ref[k], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(got_opt[f"Z.{k}"], ref_opt[f"Z.{k}"], rtol=1e-12, atol=1e-12)

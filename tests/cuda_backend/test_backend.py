@@ -21,7 +21,7 @@ from atlas_core.knobs.bias import Bias
 from atlas_core.knobs.retention import Retention
 from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
 from atlas_plugins.cuda_backend import availability
-from atlas_plugins.cuda_backend.backend_chunk import ChunkLinearBackend, bias_kind
+from atlas_plugins.cuda_backend.backend_chunk import ChunkLinearBackend
 
 from .conftest import DEVICE
 from .oracle import H, make_rule, rel_rms
@@ -224,11 +224,13 @@ def test_verifier_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
     assert "CUDA tensors" in _refusal(rule, device="cpu")
 
 
-def test_bias_kind_probe():
-    assert bias_kind(make_rule("l2").bias) == "l2"
-    assert bias_kind(make_rule("dot").bias) == "dot"
-    assert bias_kind(make_rule("l2", window=4).bias) == "l2"  # omega:window around l2
-    assert bias_kind(Huber()) is None
+def test_the_kernel_reads_the_error_kind_from_the_form():
+    assert make_rule("l2").form.error == "l2"
+    assert make_rule("dot").form.error == "dot"
+    assert make_rule("l2", window=4).form.error == "l2"  # omega:window around l2
+    base = make_rule("l2")
+    huber = ac.ComposedRule(base.structure, Huber(), base.retention, base.algorithm, base.feature_map)
+    assert huber.form.error is None
 
 
 def test_forced_backend_that_refuses_names_backend_and_reason(monkeypatch):
