@@ -1,0 +1,359 @@
+"""The state map of one slice of a sequence, computed from the rule's chunk form (no probe runs).
+
+Context parallelism's ``affine`` mode (`atlas_core.distributed.context`) needs, for rank r's
+slice, the affine map from the slice's initial memory to its final memory. Write the K memory
+tensors ``[B, H, Dv, Dk]`` of the state (``M``, ``Z.M``, ``anchor.M``, in the order of their
+keys) stacked along the key axis and transposed: ``St = [M^T ; Z^T ; anchor.M^T]: [B, H, n, Dv]``
+with ``n = K Dk``. The columns of ``St`` (one per value dimension) evolve independently under one
+operator that depends on the keys, gates and positions only, so a chunk of C tokens maps
+
+    St_out = T_c St_in + b_c,         y_t = Y_t St_in + (a term without the memory)
+
+with ``T_c: [n, n]``, ``b_c: [n, Dv]`` (the values enter only here) and ``Y_c: [C, n]`` (the
+reads). The whole slice's map is the product of its chunks' ``(T_c, b_c)``: ``P = T_{N-1} ...
+T_0``, ``C = `` the composed ``b``, i.e. ``S_out = S_in P^T + C^T`` in the rows layout of
+`context._rows`. Two chunk forms give ``(T_c, b_c, Y_c)`` (docs/math.md, "Exact chunked forms"
+and "Parallel forms"; docs/distributed.md):
+
+- ``exact`` (``anchor = 1``: the delta rule, Gated DeltaNet's gradient at the decayed memory,
+  Titans' momentum, an Omega window, scalar decay): the UT / WY transform of ``core:exact_chunk``.
+  With its per-chunk products ``W = (I + N)^-1 [A' X | -PL' X]``, ``U = (I + N)^-1 V``, the
+  errors are ``E = W St - U``, the reads ``y = Qs St - Pm E`` and the next state
+  ``St' = mix St + Dn E``, so ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``.
+- ``anchored`` (``anchor = A > 1``: every gradient of a block at the block's anchor memory ``a``;
+  ``core:chunkwise``'s linear path, chunks of C | A tokens aligned to the blocks): with the
+  chunk's decay kernels ``K`` (of M), ``KZ`` (of Z), the running products ``A``, ``PL``, ``P``
+  and its (window-extended) keys X and values V,
+  ``M' = A M - PL Z - a X^T D_K X + V^T D_K X``, ``Z' = P Z + a X^T D_KZ X - V^T D_KZ X``,
+  ``a' = a``, and ``y_t = M Ar_t psi_t - Z PLr_t psi_t - (a - V^T-part) X^T (Kr_t * X psi_t)``;
+  a chunk that opens a block first sets ``a = M``, and a slice that ends on a block boundary
+  leaves ``anchor.M = M``.
+
+Representation and cost (n = K Dk, per chunk of C tokens): the chunks' pieces are formed for all
+chunks at once (as the strategies do, without a graph), then the maps are composed pairwise in
+a tree (log2 N batched products, N n^3 multiply-adds in all: cheaper than applying each chunk
+to n basis columns, 2 n^2 C, when n < 2 C). The tree's levels are kept: the gradient of the
+slice's outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse
+pass over the same tree, ``h = Y^T gy`` per chunk and ``h_pair = h_left + T_left^T h_right``,
+n^2 Dv per pair, instead of a backward pass through the slice.
+
+`analytic_form` says which form covers a rule (None: `context` probes the map with the rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from ..strategies import exact_chunk as ex
+from ..strategies.chunkwise import Chunkwise, window_matrix
+from ..strategies.decay import decay_matrix
+
+#: tokens per chunk of the exact form (the map is the rule's: any chunk size gives it)
+EXACT_CHUNK = 32
+
+
+def _gate_name(rule, role: str, default: str) -> str:
+    form = getattr(rule, "form", None)
+    name = form.gate(role) if form is not None and hasattr(form, "gate") else None
+    return name or default
+
+
+def analytic_form(rule) -> str | None:
+    """``"exact"`` or ``"anchored"`` when the slice map of ``rule`` has a chunk form here, else
+    None (read from the knobs' declared traits, as `context.affine_reason` does)."""
+    if not getattr(rule, "composed", False) or rule.steps_per_token != 1:
+        return None
+    S, alg, ret, bias = rule.structure, rule.algorithm, rule.retention, rule.bias
+    if not (S.is_linear and tuple(S.weight_shapes()) == ("M",)) or bias.error_kind != "l2":
+        return None
+    form = alg.linear_form
+    if form not in ("gd", "momentum"):
+        return None
+    if form == "momentum" and tuple(alg.init_opt({"M": torch.empty(0)})) != ("Z.M",):
+        return None
+    from ..knobs.retention import Retention
+
+    if (not ret.linear or ret.alpha_shape != "head" or ret.per_token_transition
+            or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post):
+        return None
+    if rule.anchor > 1:
+        return "anchored" if ret.gradient_at == "current" else None
+    if ret.gradient_at != "current" and (form != "gd" or rule.window != 1):
+        return None
+    return "exact"
+
+
+@dataclass
+class _Run:
+    """Consecutive chunks of one length, batched: ``T [B, H, N, n, n]``, ``b [B, H, N, n, Dv]``,
+    ``Y [B, H, N, C, n]`` (rows of padded tokens are ignored: their ``gy`` is 0) and the number
+    of real tokens."""
+
+    T: torch.Tensor
+    b: torch.Tensor
+    Y: torch.Tensor
+    tokens: int
+
+
+class SliceMap:
+    """The composed map of a slice (``P``, ``C`` in `context`'s rows layout) and what
+    `read_grad` needs: the pieces' tree levels."""
+
+    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None):
+        self.levels = []  # per run: [(T, b) of every level]
+        Ts, bs = [], []
+        for run in runs:
+            T, b = run.T, run.b
+            lv = [T]
+            while T.shape[2] > 1:
+                T, b = _pairs(T, b)
+                lv.append(T)
+            self.levels.append(lv)
+            Ts.append(T[:, :, 0])
+            bs.append(b[:, :, 0])
+        self.runs = runs
+        P, c = Ts[0], bs[0]
+        for T, b in zip(Ts[1:], bs[1:]):
+            P, c = T @ P, T @ c + b
+        if end is not None:  # the anchor reset at a block boundary after the last token
+            P, c = end @ P, end @ c
+        self.P, self.C = P, c.transpose(-1, -2)
+
+    def read_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``."""
+        total, before, lo = None, None, 0  # before: the product of the earlier runs' maps
+        for run, lv in zip(self.runs, self.levels):
+            N, C = run.Y.shape[2], run.Y.shape[3]
+            g = F.pad(gy[:, :, lo:lo + run.tokens], (0, 0, 0, N * C - run.tokens)).unflatten(2, (N, C))
+            lo += run.tokens
+            h = run.Y.transpose(-1, -2) @ g  # [B, H, N, n, Dv]
+            for T in lv[:-1]:
+                h = _pairs_back(T, h)
+            h = h[:, :, 0]
+            total = h if before is None else total + before.transpose(-1, -2) @ h
+            T = lv[-1][:, :, 0]
+            before = T if before is None else T @ before
+        return total.transpose(-1, -2)
+
+
+def _pairs(T: torch.Tensor, b: torch.Tensor):
+    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through."""
+    N = T.shape[2]
+    if N % 2:
+        T = torch.cat([T, torch.eye(T.shape[-1], dtype=T.dtype, device=T.device).expand_as(T[:, :, :1])], 2)
+        b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
+    T0, T1 = T[:, :, 0::2], T[:, :, 1::2]
+    return T1 @ T0, T1 @ b[:, :, 0::2] + b[:, :, 1::2]
+
+
+def _pairs_back(T: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The reverse pass of `_pairs`: ``h_pair = h_left + T_left^T h_right``."""
+    if h.shape[2] % 2:
+        h = torch.cat([h, torch.zeros_like(h[:, :, :1])], dim=2)
+    return h[:, :, 0::2] + T[:, :, 0::2].transpose(-1, -2) @ h[:, :, 1::2]
+
+
+def _kron_eye(mix: torch.Tensor, d: int) -> torch.Tensor:
+    """``mix [..., k, k]`` (x) ``I_d``: ``[..., k d, k d]``."""
+    eye = torch.eye(d, dtype=mix.dtype, device=mix.device)
+    k = mix.shape[-1]
+    return (mix[..., :, None, :, None] * eye[:, None, :]).reshape(*mix.shape[:-2], k * d, k * d)
+
+
+# -- the exact (UT / WY) form ------------------------------------------------------------------------
+def _exact_run(rule, p, C: int) -> _Run:
+    """`_Run` of a per-token rule (``anchor = 1``) by `core:exact_chunk`'s UT transform."""
+    B, H, T = p.shape
+    C, c = max(1, min(C, T)), rule.window
+    mom = rule.algorithm.linear_form == "momentum"
+    Dk = p.psi.shape[-1]
+    xk, xv, xg = rule.extended_inputs(p)
+    N = -(-T // C)
+    pad = N * C - T
+    last = C - 1 - pad
+    lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
+    theta = F.pad(p.gates[_gate_name(rule, "step_size", "theta")], (0, pad)).unflatten(-1, (N, C))
+    Q = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
+    gates = [p.alpha] + ([p.gates[_gate_name(rule, "momentum", "eta")]] if mom else [])
+    gates = F.pad(torch.stack(gates), (0, pad), value=1.0).unflatten(-1, (N, C))
+    after = rule.read == "after"
+    D = decay_matrix(gates)
+    A = torch.cumprod(gates[0], dim=-1)
+    L = D[0]
+    if mom:
+        E = D[1]
+        Pe = torch.cumprod(gates[1], dim=-1)
+        K = L @ E
+        PL = (L @ Pe.unsqueeze(-1)).squeeze(-1)
+        PLp = ex._shift_down(PL, 0.0, dim=-1)
+    else:
+        K = L
+    Kp = ex._shift_down(K, 0.0, dim=-2)
+    Ap = ex._shift_down(A, 1.0, dim=-1)
+    Kr, Ar = (K, A) if after else (Kp, Ap)
+    if rule.retention.gradient_at == "retained":
+        Kp, Ap = K.tril(-1), A
+    if c == 1:
+        w = theta * F.pad(xg, (0, pad)).unflatten(-1, (N, C)) * lag[0]
+        X = ex._pad_tokens(xk, pad).unflatten(2, (N, C))
+        V = ex._pad_tokens(xv, pad).unflatten(2, (N, C))
+        XwT = (w.unsqueeze(-1) * X).transpose(-1, -2)
+        Nm, Pm = Kp * (X @ XwT), Kr * (Q @ XwT)
+    else:
+        X, V, w, Nm, Pm = ex.ExactChunk._window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad)
+        w = w.flatten(-2)
+    if mom:
+        Wx = ex._outer(torch.stack([ex._slots(Ap, c), -ex._slots(PLp, c)], dim=-1), X)
+        Dn = torch.stack([-ex._slots(ex._ends(K, last), c) * w, ex._slots(ex._ends(E, last), c) * w], dim=-2)
+        Dn = (Dn.unsqueeze(-2) * X.transpose(-1, -2).unsqueeze(-3)).flatten(-3, -2)  # [.., 2 Dk, C c]
+        Qs = ex._outer(torch.stack([Ar, -(PL if after else PLp)], dim=-1), Q)
+        AC = ex._ends(A, last)
+        mix = torch.stack([AC, -ex._ends(PL, last), torch.zeros_like(AC), ex._ends(Pe, last)], dim=-1)
+        base = _kron_eye(mix.unflatten(-1, (2, 2)), Dk)
+    else:
+        Wx = ex._slots(Ap, c).unsqueeze(-1) * X
+        Dn = (-ex._slots(ex._ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)
+        Qs = Ar.unsqueeze(-1) * Q
+        base = ex._ends(A, last)[..., None, None] * torch.eye(Dk, dtype=X.dtype, device=X.device)
+    Wm, U = ex._unit_lower_solve(Nm, Wx), ex._unit_lower_solve(Nm, V)
+    return _Run(T=base + Dn @ Wm, b=-(Dn @ U), Y=Qs - Pm @ Wm, tokens=T)
+
+
+# -- the anchored form ---------------------------------------------------------------------------------
+def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
+    """`_Run` of an anchored rule over ``p``, which starts on a chunk boundary (chunk i opens an
+    anchor block when ``opens[i]``). Memory blocks of ``St``: M, Z.M (momentum), anchor.M."""
+    B, H, T = p.shape
+    c = rule.window
+    mom = rule.algorithm.linear_form == "momentum"
+    Dk, Dv = p.psi.shape[-1], p.v.shape[-1]
+    xk, xv, xg = rule.extended_inputs(p)
+    N = -(-T // C)
+    pad = N * C - T
+    last = C - 1 - pad
+    lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
+    chunked = lambda x, value: F.pad(x, (0, pad), value=value).unflatten(-1, (N, C))  # noqa: E731
+    alpha = chunked(p.alpha, 1.0)
+    L, A = decay_matrix(alpha), torch.cumprod(alpha, dim=-1)
+    theta = chunked(p.gates[_gate_name(rule, "step_size", "theta")], 0.0)
+    m = C + c - 1
+
+    def ext(x):  # each chunk's extended positions: [B, H, N, C + c - 1, ...]
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+        return x.unfold(2, m, C).movedim(-1, 3) if x.dim() == 4 else x.unfold(2, m, C)
+
+    X, V = ext(xk), ext(xv)
+    if c == 1:
+        TW = (theta * chunked(xg, 0.0) * lag[0]).unsqueeze(-2)  # column scaling
+        mul = lambda D: D * TW  # noqa: E731
+    else:
+        TW = theta.unsqueeze(-1) * window_matrix(ext(xg), lag, C)  # [B, H, N, C, m]
+        mul = lambda D: D @ TW  # noqa: E731
+    after = rule.read == "after"
+    shift = lambda x, first: ex._shift_down(x, first, dim=-2)  # noqa: E731
+    if mom:
+        eta = chunked(p.gates[_gate_name(rule, "momentum", "eta")], 1.0)
+        KZ = mul(decay_matrix(eta))
+        K = L @ KZ
+        Pe = torch.cumprod(eta, dim=-1)
+        PL = L @ Pe.unsqueeze(-1)  # [.., C, 1]
+        PLr = PL if after else shift(PL, 0.0)
+    else:
+        K = mul(L)
+    Kr = K if after else shift(K, 0.0)
+    Ar = A.unsqueeze(-1) if after else shift(A.unsqueeze(-1), 1.0)
+    eye = torch.eye(Dk, dtype=X.dtype, device=X.device)
+    kend = ex._ends(K, last)  # [B, H, N, m]
+    G = X.transpose(-1, -2) @ (kend.unsqueeze(-1) * X)  # X^T D_K X
+    XV = X.transpose(-1, -2) @ (kend.unsqueeze(-1) * V)
+    n = nkeys * Dk
+    Tm = X.new_zeros(B, H, N, n, n)
+    b = X.new_zeros(B, H, N, n, Dv)
+    Y = X.new_zeros(B, H, N, C, n)
+    ia = (nkeys - 1) * Dk  # anchor.M's block
+    blk = lambda i: slice(i * Dk, (i + 1) * Dk)  # noqa: E731
+    Tm[..., blk(0), blk(0)] = ex._ends(A, last)[..., None, None] * eye
+    Tm[..., blk(0), ia:] = -G
+    b[..., blk(0), :] = XV
+    Qc = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
+    scores = Kr * (Qc @ X.transpose(-1, -2))  # Kr[t, l] (x_l . psi_t): [B, H, N, C, m]
+    Y[..., blk(0)] = Ar * Qc
+    Y[..., ia:] = -(scores @ X)
+    if mom:
+        zend = ex._ends(KZ, last)
+        Tm[..., blk(0), blk(1)] = -ex._ends(PL.squeeze(-1), last)[..., None, None] * eye
+        Tm[..., blk(1), blk(1)] = ex._ends(Pe, last)[..., None, None] * eye
+        Tm[..., blk(1), ia:] = X.transpose(-1, -2) @ (zend.unsqueeze(-1) * X)
+        b[..., blk(1), :] = -(X.transpose(-1, -2) @ (zend.unsqueeze(-1) * V))
+        Y[..., blk(1)] = -PLr * Qc
+    Tm[..., ia:, ia:] = eye
+    op = torch.tensor(opens, device=X.device)
+    if bool(op.any()):  # a chunk that opens a block takes a = M first: T J, Y J
+        J = _reset(nkeys, Dk, X.dtype, X.device)
+        Tm = torch.where(op[:, None, None], Tm @ J, Tm)
+        Y = torch.where(op[:, None, None], Y @ J, Y)
+    return _Run(T=Tm, b=b, Y=Y, tokens=T)
+
+
+def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
+    """``J: [n, n]``, the map setting the anchor block to the memory (``a = M``)."""
+    n = nkeys * Dk
+    J = torch.eye(n, dtype=dtype, device=device)
+    ia = (nkeys - 1) * Dk
+    J[ia:, ia:] = 0
+    J[ia:, :Dk] = torch.eye(Dk, dtype=dtype, device=device)
+    return J
+
+
+# -- the entry point -----------------------------------------------------------------------------------
+def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) -> SliceMap:
+    """The state map of the slice prepared in ``p`` (`ComposedRule.prepare`, with the slice's
+    carried inputs in its state; the memory entries are not read). ``memory_keys``: the memory
+    tensors in the order of `context._rows`."""
+    kind = analytic_form(rule)
+    if kind is None:
+        raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
+    mom = rule.algorithm.linear_form == "momentum"
+    if kind == "exact":
+        want = ["M", "Z.M"] if mom else ["M"]
+    else:
+        want = ["M", "Z.M", "anchor.M"] if mom else ["M", "anchor.M"]
+    if list(memory_keys) != want:
+        raise ValueError(f"memory keys {memory_keys} are not the {kind} form's {want}")
+    T, Dk = p.shape[2], p.psi.shape[-1]
+    if T == 0:  # an empty slice: the identity
+        n = len(want) * Dk
+        eye = torch.eye(n, dtype=p.v.dtype, device=p.v.device).expand(*p.shape[:2], 1, n, n)
+        return SliceMap([_Run(eye, p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
+                              p.v.new_zeros(*p.shape[:2], 1, 1, n), 0)])
+    if kind == "exact":
+        return SliceMap([_exact_run(rule, p, chunk_size or EXACT_CHUNK)])
+    A = int(rule.anchor)
+    C = chunk_size or Chunkwise.chunk_for_anchor(A)
+    if A % C:
+        raise ValueError(f"chunk_size={C} must divide the anchor {A}")
+    pos = rule.position(p)
+    head = min((-pos) % C, T)
+    runs, parts = [], []
+    if head:
+        first, rest = p.split(head)
+        if rule.window > 1:  # the rest's carried window: the last c - 1 inputs after the head
+            xk, xv, xg = rule.extended_inputs(first)
+            c = rule.window
+            rest = replace(rest, state={**rest.state, "window.k": xk[:, :, -(c - 1):],
+                                        "window.v": xv[:, :, -(c - 1):],
+                                        "window.gamma": xg[:, :, -(c - 1):]})
+        parts.append((first, head, [pos % A == 0]))
+    else:
+        rest = p
+    if rest.shape[2]:
+        start = pos + head
+        n = -(-rest.shape[2] // C)
+        parts.append((rest, C, [(start + i * C) % A == 0 for i in range(n)]))
+    for part, size, opens in parts:
+        runs.append(_anchored_run(rule, part, size, opens, len(want)))
+    end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
+    return SliceMap(runs, end)
