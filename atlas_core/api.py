@@ -141,27 +141,27 @@ def _unknown_keyword(key: str) -> str:
 def _spec_to_train(spec: Any, ovs: list[Override], resume: str | None, out: str | None,
                    progress: bool) -> Any:
     """What `TrainOptions.spec` gets: ``spec`` as given when there is no override, else the
-    resolved spec (a mapping) with the overrides applied."""
+    resolved `Spec` with the overrides applied (resolved here, once: training uses it as it is)."""
     from .spec.model import Spec
     from .spec.overrides import load_with_overrides
 
     if not ovs:
         if isinstance(spec, Spec):
-            return spec.to_dict()
+            return spec
         return str(spec) if isinstance(spec, Path) else spec
     if spec is None and resume:  # the spec the run resumes with: the checkpoint's own
-        return _resumed_spec(resume, out, progress, ovs).to_dict()
+        return _resumed_spec(resume, out, progress, ovs)
     if spec is None:
         from .train.setup import default_spec_text
 
-        return load_with_overrides(default_spec_text(), ovs).to_dict()
+        return load_with_overrides(default_spec_text(), ovs)
     if isinstance(spec, str) and "\n" not in spec and not Path(spec).exists():
         from .errors import Issue
 
         raise SpecError([Issue("", f"no such spec file {spec!r}", None,
                                "give the path of a .toml spec, or no SPEC for the default")])
     return load_with_overrides(Path(spec) if isinstance(spec, str) and "\n" not in spec else spec,
-                               ovs).to_dict()
+                               ovs)
 
 
 def _resumed_spec(resume: str, out: str | None, progress: bool, ovs: list[Override]):
@@ -174,7 +174,7 @@ def _resumed_spec(resume: str, out: str | None, progress: bool, ovs: list[Overri
 
     restarted, _ = restart_unsaved(TrainOptions(resume=resume, out=out, progress=progress))
     if restarted.spec is not None:  # a run stopped before its first checkpoint: its spec.toml
-        return load_with_overrides(Path(str(restarted.spec)), ovs)
+        return load_with_overrides(restarted.spec, ovs)
     ckpt = checked_load_checkpoint(resume)
     source = str(ckpt.path / "spec.toml")
     _refuse_stored_files(ckpt.spec, source, resume)

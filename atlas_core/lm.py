@@ -11,8 +11,9 @@ model every memory rule (Omega, Atlas, MIRAS, the delta-rule family) is trained 
 is another name for it. Architecture plugins (Titans' MAG, MAL, MAC) reuse:
 
 - `LMParams`: the ``[model]`` params;
-- `FeedForward`; `build_memory_layer` (a `MemoryLayer` from the spec, with the errors a spec can
-  cause turned into `SpecError`s at ``memory``); `run_memory` (a memory layer over new tokens,
+- `FeedForward`; `build_blocks` (a model's blocks, with or without memory, in order, every
+  memory layer from one `MemoryRecipe` of the spec); `build_memory_layer` (a `MemoryLayer` from
+  the spec, with the errors a spec can cause turned into `SpecError`s at ``memory``); `run_memory` (a memory layer over new tokens,
   continuing from its carried state: exact for every strategy and any split of the tokens);
 - `LanguageModel`: embedding -> blocks -> final norm -> head, with ``step(ids, state)`` carrying
   one state per block (the `MemoryLM` base class gives ``generate``).
@@ -24,7 +25,7 @@ sequential step).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
@@ -126,9 +127,42 @@ def normal_init(model: nn.Module, std: float) -> None:
                 m.bias.zero_()
 
 
+class MemoryRecipe:
+    """What every memory layer of one model is built from, read from the resolved spec once per
+    model: the ``[memory]`` table, the validated ``[layer]`` params and the strategy object (built,
+    its params validated, once; each layer's rule then only checks that it ``supports()`` it)."""
+
+    def __init__(self, spec: Any, registry: Any = None) -> None:
+        self.spec, self.registry = spec, registry
+        self.memory: dict[str, Any] | None = None  # read when the first layer is built
+        self.params: Any = None
+        self.strategy: Any = None
+
+    def layer(self, d_model: int, heads: int):
+        """One `MemoryLayer`: its own rule (bound to its sizes), the shared strategy object."""
+        from .layer import LayerParams, MemoryLayer
+        from .rule import build_rule
+        from .strategies.base import build_strategy
+        from .strategies.trust import is_auto
+
+        spec, first = self.spec, self.memory is None
+        if first:
+            memory = dict(spec.memory if hasattr(spec, "memory") else spec["memory"])
+            layer = spec.layer if hasattr(spec, "layer") else spec.get("layer", {})
+            self.params = layer if isinstance(layer, LayerParams) else LayerParams.model_validate(layer or {})
+            self.memory = memory
+        rule = build_rule(self.memory, registry=self.registry, path="memory")
+        if first:  # "auto" is left to each rule (it picks the same strategy for every layer)
+            value = self.memory.get("parallel", "auto")
+            self.strategy = value if is_auto(value) else build_strategy(value, self.registry)
+        return MemoryLayer(d_model, heads, rule, self.params, strategy=self.strategy,
+                           registry=self.registry)
+
+
 def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core:lm", read_only: bool = False,
                        registry: Any = None):
-    """A `MemoryLayer` for one block, from the spec's ``[memory]`` and ``[layer]`` tables.
+    """A `MemoryLayer` for one block, from the spec's ``[memory]`` and ``[layer]`` tables (or
+    from a `MemoryRecipe` of them, which a model builds once for all its layers: `build_blocks`).
 
     ``read_only``: the architecture also queries the memory without updating it (MAC's
     retrieval), which needs a knob-composed rule (a structure to read and a feature map).
@@ -136,10 +170,10 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core
     process-wide registry when None). The layer resolves its strategy once when it is built and
     keeps the bound runner, so running the model never looks it up again."""
     from atlas_core.errors import StrategyError
-    from atlas_core.layer import MemoryLayer
 
     try:
-        layer = MemoryLayer.from_spec(spec, d_model=d_model, heads=heads, registry=registry)
+        recipe = spec if isinstance(spec, MemoryRecipe) else MemoryRecipe(spec, registry)
+        layer = recipe.layer(d_model, heads)
     except SpecError as exc:  # e.g. a structure refusing its sizes: point into [memory]
         if all(i.path.startswith(("memory", "layer")) for i in exc.issues):
             raise
@@ -162,6 +196,25 @@ def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core
             "memory", f"{arch} retrieves from the committed memory with a read-only query, which "
             f"needs a knob-composed rule (structure + feature map); {name} is standalone", name)])
     return layer
+
+
+def build_blocks(p: "LMParams", ctx, memory_block: Callable[[Any], nn.Module],
+                 other_block: Callable[[], nn.Module], *, arch: str,
+                 read_only: bool = False) -> list[nn.Module]:
+    """The ``p.depth`` blocks of a model, in order: ``memory_block(layer)`` for a block that
+    carries memory (``[model] memory_layers``; its `MemoryLayer` is built first, then the block),
+    ``other_block()`` for one that does not. Every memory layer comes from one `MemoryRecipe` of
+    the resolved spec in ``ctx`` (`spec_of`)."""
+    recipe = MemoryRecipe(spec_of(ctx), ctx.registry)
+    blocks = []
+    for i in range(p.depth):
+        if p.carries_memory(i):
+            mem = build_memory_layer(recipe, p.d_model, p.heads, arch=arch, read_only=read_only,
+                                     registry=ctx.registry)
+            blocks.append(memory_block(mem))
+        else:
+            blocks.append(other_block())
+    return blocks
 
 
 def run_memory(layer, x: torch.Tensor, st: dict | None, *, keep_state: bool, cu_seqlens=None):
@@ -259,12 +312,10 @@ def spec_of(ctx) -> Any:
 
 def build(params: LMParams, ctx) -> LanguageModel:
     """The ``core:lm`` factory (also registered as ``titans:lmm``)."""
-    spec = spec_of(ctx)
-    arch = ctx.options.get("arch", "core:lm") if ctx is not None else "core:lm"
     p = params
-    blocks = []
-    for i in range(p.depth):
-        mem = (build_memory_layer(spec, p.d_model, p.heads, arch=arch, registry=ctx.registry)
-               if p.carries_memory(i) else None)
-        blocks.append(MemoryBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem, make_mlp(p)))
-    return LanguageModel(p, blocks)
+    arch = ctx.options.get("arch", "core:lm") if ctx is not None else "core:lm"
+
+    def block(mem):
+        return MemoryBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem, make_mlp(p))
+
+    return LanguageModel(p, build_blocks(p, ctx, block, lambda: block(None), arch=arch))

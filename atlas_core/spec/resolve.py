@@ -189,6 +189,19 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
     return spec
 
 
+def with_train(spec: Spec, table: Mapping[str, Any] | None) -> Spec:
+    """``spec`` with its ``[train]`` table replaced by ``table``, validated as `resolve_spec`
+    validates it; the other sections are resolved already and are not resolved again."""
+    issues: list[Issue] = []
+    train_r = resolve_train(table or {}, issues)
+    issues.extend(spec_value_issues(train_r, "train"))
+    if issues:
+        raise SpecError(issues)
+    out = spec.model_copy(update={"train": train_r})
+    out._source = spec.source
+    return out
+
+
 def _looks_like_toml(text: str) -> bool:
     if "\n" in text:
         return True
@@ -214,4 +227,4 @@ def load_spec(source: Any, *, registry: Registry | None = None) -> Spec:
 
 
 __all__ = ["SpecFileError", "load_spec", "validation_issues", "resolve_spec", "resolve_model", "resolve_layer",
-           "resolve_train"]
+           "resolve_train", "with_train"]

@@ -76,7 +76,9 @@ def default_spec_text() -> str:
 class TrainOptions:
     """What ``atlas train`` was asked (picklable: it is handed to spawned workers)."""
 
-    spec: str | dict | None = None  # a path, TOML text or a mapping; None: default / checkpoint's
+    #: a path, TOML text, a mapping or a resolved `Spec` (used as it is); None: the default spec,
+    #: or the checkpoint's
+    spec: Any = None
     out: str | None = None
     resume: str | None = None
     steps: int | None = None
@@ -153,9 +155,13 @@ def check_compile(params: TrainParams, device: str) -> None:
             "install one (e.g. apt-get install g++) or set compile = false")])
 
 
-def _load(source: str | dict | None):
-    from ..spec import load_spec
+def _load(source: Any):
+    """The resolved spec of ``source`` and a label for messages. A `Spec` (resolved by the caller:
+    `atlas_core.api.train` applies the overrides) is used as it is: nothing is resolved twice."""
+    from ..spec import Spec, load_spec
 
+    if isinstance(source, Spec):
+        return source, "<spec>"
     if source is None:
         return load_spec(default_spec_text()), "<default mqar spec>"
     if isinstance(source, dict):
@@ -166,14 +172,6 @@ def _load(source: str | dict | None):
                                "give the path of a .toml spec, or no SPEC for the default")])
     label = text if "\n" not in text else "<spec>"
     return load_spec(Path(text) if "\n" not in text else text), label
-
-
-def _with_train(spec: Any, train: dict[str, Any]) -> Any:
-    from ..spec import load_spec
-
-    data = spec.to_dict()
-    data["train"] = train
-    return load_spec(data)
 
 
 def _fresh_run_dir(out: str | None, name: str) -> Path:
@@ -239,8 +237,10 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
     for key, value in (("steps", opts.steps), ("seed", opts.seed), ("device", opts.device)):
         if value is not None:
             train[key] = value
-    if spec.train is None or train != spec.train:
-        spec = _with_train(spec, train)
+    if spec.train is None or train != spec.train:  # only [train] is validated again
+        from ..spec.resolve import with_train
+
+        spec = with_train(spec, train)
     params = train_params(spec.train)
     device = resolve_device(params.device)
     check_compile(params, device)
@@ -285,6 +285,7 @@ def _finished(run_dir: Path) -> bool:
 
 
 def worker_options(opts: TrainOptions, plan: Plan) -> TrainOptions:
-    """The options a spawned worker gets: the resolved spec and the chosen directory."""
-    return dataclasses.replace(opts, spec=plan.spec.to_dict(), out=str(plan.run_dir),
+    """The options a spawned worker gets: the resolved spec (not resolved again there) and the
+    chosen directory."""
+    return dataclasses.replace(opts, spec=plan.spec, out=str(plan.run_dir),
                                steps=None, seed=None, device=None, run_dir_checked=True)

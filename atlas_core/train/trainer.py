@@ -644,8 +644,9 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
             from ..spec import load_spec
             from .setup import _refuse_stored_files
 
-            spec = str(d / "spec.toml")
-            _refuse_stored_files(load_spec(spec), spec, str(d))
+            path = str(d / "spec.toml")
+            spec = load_spec(path)  # resolved once, here: the plan uses it as it is
+            _refuse_stored_files(spec, path, str(d))
         opts = dataclasses.replace(opts, resume=None, spec=spec)
         if opts.out is None or Path(opts.out).expanduser().resolve() == d.resolve():
             return dataclasses.replace(opts, out=str(d), run_dir_checked=True), note

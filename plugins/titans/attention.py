@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-from .common import FeedForward
+from .common import FeedForward, make_mlp
 
 
 def rotary(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
@@ -187,3 +187,10 @@ class AttentionBlock(nn.Module):
         y, state = self.attn(self.norm_attn(x), state, prefix=self.persistent, keep_state=keep_state)
         x = x + y
         return x + self.mlp(self.norm_mlp(x)), state
+
+
+def attention_block(p) -> AttentionBlock:
+    """The block of a hybrid model (MAG, MAL, MAC) that carries no memory (not in ``[model]
+    memory_layers``), from the model's params."""
+    return AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window, p.persistent_tokens,
+                          p.rotary_base, p.mlp_ratio, p.norm_eps, mlp=make_mlp(p))

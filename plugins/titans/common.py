@@ -4,7 +4,8 @@
 - `BranchGate`: the paper's ``(x)`` gate (normalise both branches with learned vector weights,
   then a sigmoid);
 - re-exported from `atlas_core.lm` (the core's generic language model, ``core:lm``): `LMParams`,
-  `FeedForward`, `build_memory_layer`, `run_memory`, `spec_of` and `TitansLM` (= `LanguageModel`).
+  `FeedForward`, `build_blocks`, `build_memory_layer`, `run_memory`, `spec_of` and `TitansLM`
+  (= `LanguageModel`).
 
 Shapes: ``ids: [B, T]``, hidden ``x: [B, T, d_model]``, ``logits: [B, T, vocab_size]``.
 """
@@ -20,7 +21,8 @@ from torch import nn
 
 from atlas_core.host.registry import Params
 from atlas_core.lm import (  # noqa: F401 - the generic pieces, shared with core:lm
-    FeedForward, LanguageModel, LMParams, build_memory_layer, make_mlp, run_memory, spec_of,
+    FeedForward, LanguageModel, LMParams, build_blocks, build_memory_layer, make_mlp, run_memory,
+    spec_of,
 )
 
 TitansLM = LanguageModel  # the Titans architectures are language models of the core's kind

@@ -35,9 +35,9 @@ from pydantic import Field, ValidationInfo, field_validator
 from atlas_core.params import size_field
 from torch import nn
 
-from .attention import AttentionBlock, SlidingWindowAttention, band_mask
-from .common import (BranchGate, TitansLM, _AttentionParams, _persistent_at_most, make_mlp,
-                     build_memory_layer, spec_of)
+from .attention import SlidingWindowAttention, attention_block, band_mask
+from .common import (BranchGate, TitansLM, _AttentionParams, _persistent_at_most, build_blocks,
+                     make_mlp)
 
 
 class MACParams(_AttentionParams):
@@ -146,15 +146,6 @@ class MAC(TitansLM):
 
 
 def build(params: MACParams, ctx) -> MAC:
-    spec, p = spec_of(ctx), params
-    blocks = []
-    for i in range(p.depth):
-        if p.carries_memory(i):
-            mem = build_memory_layer(spec, p.d_model, p.heads, arch="titans:mac", read_only=True,
-                                     registry=ctx.registry)
-            blocks.append(MACBlock(p, mem))
-        else:
-            blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
-                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps,
-                                         mlp=make_mlp(p)))
-    return MAC(p, blocks)
+    p = params
+    return MAC(p, build_blocks(p, ctx, lambda mem: MACBlock(p, mem), lambda: attention_block(p),
+                                arch="titans:mac", read_only=True))

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import AttentionBlock, SlidingWindowAttention, with_prefix
-from .common import HybridParams, TitansLM, build_memory_layer, make_mlp, run_memory, spec_of
+from .attention import SlidingWindowAttention, attention_block, with_prefix
+from .common import HybridParams, TitansLM, build_blocks, make_mlp, run_memory
 
 
 class MALBlock(nn.Module):
@@ -75,14 +75,6 @@ class MAL(TitansLM):
 
 
 def build(params: HybridParams, ctx) -> MAL:
-    spec, p = spec_of(ctx), params
-    blocks = []
-    for i in range(p.depth):
-        if p.carries_memory(i):
-            mem = build_memory_layer(spec, p.d_model, p.heads, arch="titans:mal", registry=ctx.registry)
-            blocks.append(MALBlock(p, mem))
-        else:
-            blocks.append(AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window,
-                                         p.persistent_tokens, p.rotary_base, p.mlp_ratio, p.norm_eps,
-                                         mlp=make_mlp(p)))
-    return MAL(p, blocks)
+    p = params
+    return MAL(p, build_blocks(p, ctx, lambda mem: MALBlock(p, mem), lambda: attention_block(p),
+                                arch="titans:mal"))
