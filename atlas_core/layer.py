@@ -34,13 +34,17 @@ Layer options that published layers differ in (docs/zoo.md, "Layer options"): ``
 (q multiplied after its norm, e.g. ``"rsqrt_d_key"`` = 1/sqrt(Dk) as fla's kernels do),
 ``qk_norm_eps`` (fla's ``x / sqrt(|x|^2 + eps)``), ``conv_init`` (``"identity"`` or fla's
 ``"normal"`` N(0, 0.02)), ``gate_form`` (per gate: ``"declared"``, ``"no_bias"``, ``"mamba2"``
-``alpha = exp(-exp(A_log_h) softplus(w x + dt_bias))``, ``"gla"`` ``alpha = sigmoid(w x + b)^(1/16)``).
+``alpha = exp(-exp(A_log_h) softplus(w x + dt_bias))``, ``"gla"`` ``alpha = sigmoid(w x + b)^(1/16)``),
+``qk_feature_map`` (a feature map on q and k after their norm, learned or not; the rule's key
+size is its output's) and ``rotary`` (RoPE on q and k after the feature map, the position
+carried in the state as ``"pos"``), both in `atlas_core.layer_qk`; ``q_scale`` comes after them.
 A preset may declare defaults for them (``layer`` in its registration, like a knob declares its
 gates): a field left at None takes the preset's value, else the core's.
 
 ``forward(x, state=None) -> (y, state)``: the state is a flat dict of tensors — ``"conv.q"``,
 ``"conv.k"``, ``"conv.v"`` (the last conv_size - 1 pre-convolution inputs, so the convolution
-continues exactly across calls) and ``"rule.<key>"`` for the rule's state. Any split of a
+continues exactly across calls), ``"pos"`` with ``rotary`` (``[B]``, the tokens seen) and
+``"rule.<key>"`` for the rule's state. Any split of a
 sequence into calls with the carried state equals one call, for every strategy (docs/math.md,
 "The strategy contract"); a one-token call runs the rule's sequential step.
 
@@ -64,6 +68,7 @@ from torch import nn
 from .errors import Issue, SpecError, did_you_mean
 from .host.registry import Params
 from .knobs.gates import CORE_GATE_NAMES
+from .layer_qk import LEARNED_MAPS, QKFeatureMap, QKFeatureMapKind, feature_dim, positions, rotary
 
 
 def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Issue]:
@@ -125,6 +130,14 @@ class LayerParams(Params):
         "(exp(-exp(A_log) softplus(w x + dt_bias)), a retain factor), 'gla' (sigmoid(w x + b)^(1/16)); "
         "default: the preset's, else 'declared'")
     theta_scale: float = Field(1.0, gt=0, description="theta = theta_scale * sigmoid(...)")
+    qk_feature_map: QKFeatureMapKind = Field(
+        "none", description="a feature map on each head's q and k after their norm (atlas_core/layer_qk.py): "
+        "'none', 'relu', 'elu_p1', 'hadamard' (fla's elementwise_product), 'hedgehog' (2 d_key features), "
+        "'t2r'; the rule sees its output")
+    qk_feature_map_tied: bool = Field(False, description="q and k share one learned feature map")
+    rotary: bool = Field(False, description="rotate q and k by their position (RoPE, rotate-half, the "
+                         "whole key; fla's RotaryEmbedding); the state carries the position")
+    rotary_base: float = Field(10000.0, gt=0, description="RoPE's base (frequencies base^(-2i/d))")
 
 
 def preset_layer_defaults(rule, registry=None) -> dict:
@@ -228,16 +241,30 @@ class MemoryLayer(nn.Module):
         self.d_model, self.heads = d_model, heads
         self.d_key = p.d_key or d_model // heads
         self.d_value = p.d_value or self.d_key
+        # the key size the rule sees: after the feature map on q and k (hedgehog doubles it)
+        self.d_rule_key = feature_dim(p.qk_feature_map, self.d_key)
+        if p.rotary and self.d_rule_key % 2:
+            raise SpecError([Issue("layer.rotary", f"rotates pairs of key features, and the key has "
+                                   f"{self.d_rule_key} (odd)", True, "make layer.d_key even")])
         self.rule = rule
-        rule.bind(heads, self.d_key, self.d_value)
+        rule.bind(heads, self.d_rule_key, self.d_value)
         # the strategy is resolved and checked once, here; the layer owns the bound runner
         self.runner = rule.runner(strategy, registry)
         self.strategy = self.runner
-        H, Dk, Dv = heads, self.d_key, self.d_value
+        H, Dk, Dv = heads, self.d_rule_key, self.d_value
         # sub-steps per token (the rule declares them): n keys, values and per-step gates a token
         self.steps = n = rule.steps_per_token
-        self.q_proj = nn.Linear(d_model, H * Dk, bias=False)
-        self.k_proj = nn.Linear(d_model, n * H * Dk, bias=False)
+        if p.rotary and n > 1:
+            raise SpecError([Issue("layer.rotary", f"rotates one key per token, and the rule takes {n} "
+                                   "(steps_per_token)", True, "set layer.rotary = false")])
+        self.q_proj = nn.Linear(d_model, H * self.d_key, bias=False)
+        self.k_proj = nn.Linear(d_model, n * H * self.d_key, bias=False)
+        if p.qk_feature_map in LEARNED_MAPS:  # one map shared by the heads (k's is q's when tied)
+            self.q_map = QKFeatureMap(p.qk_feature_map, self.d_key)
+            if not p.qk_feature_map_tied:
+                self.k_map = QKFeatureMap(p.qk_feature_map, self.d_key)
+        elif p.qk_feature_map != "none":
+            self.q_map = QKFeatureMap(p.qk_feature_map, self.d_key)
         self.v_proj = nn.Linear(d_model, n * H * Dv, bias=False)
         self.options = opts = effective_options(p, preset_layer_defaults(rule, registry))
         q_scale = opts["q_scale"]
@@ -245,8 +272,8 @@ class MemoryLayer(nn.Module):
         self.use_conv = p.conv_size > 1
         if self.use_conv:
             init = opts["conv_init"]
-            self.q_conv = ShortConv(H * Dk, p.conv_size, init)
-            self.k_conv = ShortConv(n * H * Dk, p.conv_size, init)
+            self.q_conv = ShortConv(H * self.d_key, p.conv_size, init)
+            self.k_conv = ShortConv(n * H * self.d_key, p.conv_size, init)
             self.v_conv = ShortConv(n * H * Dv, p.conv_size, init)
         # the gates the rule's knobs declare (a standalone rule declares none)
         self.gate_decls = tuple(rule.gates)
@@ -368,6 +395,17 @@ class MemoryLayer(nn.Module):
             v = rearrange(v, "b t (h d) -> b t h d", h=self.heads)
         if self.params.qk_norm:
             q, k = l2_normalize(q, self.params.qk_norm_eps), l2_normalize(k, self.params.qk_norm_eps)
+        if self.params.qk_feature_map != "none":
+            q, k = self.q_map(q), getattr(self, "k_map", self.q_map)(k)
+        if self.params.rotary:  # positions continue from the state's
+            start = state.get("pos")
+            if start is None:
+                start = torch.zeros(x.shape[0] if not conv_cu else len(conv_cu[0]) - 1, dtype=torch.long,
+                                    device=x.device)
+            pos = positions(start, x.shape[1], *conv_cu)
+            q, k = rotary(q, pos, self.params.rotary_base), rotary(k, pos, self.params.rotary_base)
+            new_state["pos"] = start + (x.shape[1] if not conv_cu else
+                                        torch.tensor(conv_cu[0], device=x.device).diff())
         if self.q_scale != 1.0:
             q = q * self.q_scale
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None

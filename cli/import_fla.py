@@ -29,7 +29,8 @@ def import_fla(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="write into OUT even if it holds files")] = False,
     fmt: FormatOption = None,
 ) -> None:
-    """Import a flash-linear-attention model (DeltaNet, Gated DeltaNet, Gated DeltaProduct, KDA, GLA)."""
+    """Import a flash-linear-attention model (DeltaNet, Gated DeltaNet, Gated DeltaProduct, KDA, GLA,
+    RetNet, linear attention)."""
     from atlas_core.fla_import import import_fla as run
 
     emit(run(src, out, overwrite=overwrite), fmt, human)

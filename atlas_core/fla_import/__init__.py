@@ -5,8 +5,9 @@
 
 ``SRC`` holds ``config.json`` and the weights (``model.safetensors``, or shards listed in
 ``model.safetensors.index.json``) of one of fla 0.6.0's causal LMs: DeltaNet, Gated DeltaNet,
-Gated DeltaProduct, KDA or GLA (``config.json``'s ``model_type``; the mapping of each is in
-`atlas_core.fla_import.families` and docs/zoo.md, "Importing fla checkpoints"). The model becomes
+Gated DeltaProduct, KDA, GLA, RetNet or linear attention (``config.json``'s ``model_type``; the
+mapping of each is in `atlas_core.fla_import.families` and docs/zoo.md, "Importing fla
+checkpoints"). The model becomes
 ``core:lm`` with the family's zoo preset and every layer option set to fla's layer
 (`atlas_core.layer.LayerParams`), with fla's weights, so its logits equal fla's model on the same
 ids (float32); ``OUT`` is a run directory with one checkpoint (step 0) that ``atlas generate``,

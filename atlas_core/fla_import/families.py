@@ -65,9 +65,10 @@ def _low_rank(seq_prefix: str, a: dict) -> torch.Tensor:
 
 
 def _out(a: dict, fam: Family, gate_weight: torch.Tensor | None = None, gate_bias=None) -> dict:
-    # the per-head output norm: o_norm (GLA: g_norm_swish_gate, fused with the gate, or g_norm);
+    # the per-head output norm: o_norm (GLA, RetNet: g_norm_swish_gate, fused with the gate, or
+    # g_norm; linear attention: norm);
     # a norm without elementwise_affine has no weight (ones)
-    names = [k for k in ("o_norm.weight", "g_norm_swish_gate.weight", "g_norm.weight") if k in a]
+    names = [k for k in ("o_norm.weight", "g_norm_swish_gate.weight", "g_norm.weight", "norm.weight") if k in a]
     out = {"out_norm.weight": a[names[0]] if names else torch.ones(fam.d_value)}
     if gate_weight is not None:
         out["out_gate.weight"] = gate_weight
@@ -215,6 +216,85 @@ def gla(cfg: dict, issues: list[Issue]) -> Family:
     return Family({"use": "zoo:gla"}, layer, weights, H, Dk, Dv)
 
 
+# --- RetNet, linear attention ------------------------------------------------------------------
+
+def _no_kv_groups(cfg: dict, issues: list[Issue]) -> None:
+    check(cfg, issues, "num_kv_heads", (None, cfg["num_heads"]),
+          "grouped key/value heads; the memory layer has one key and value per head")
+
+
+def retnet(cfg: dict, issues: list[Issue]) -> Family:
+    """fla's ``MultiScaleRetention``: no short convolution (``RetNetBlock`` does not pass
+    ``use_short_conv``), no activation or norm on q and k, rotary embeddings on q and k, the
+    fixed decay, ``RMSNorm(o) * silu(W_g x)`` (or ``RMSNorm(o)`` without the output gate)."""
+    d, H = cfg["hidden_size"], cfg["num_heads"]
+    _no_kv_groups(cfg, issues)
+    check(cfg, issues, "feature_map", None, "a feature map on q and k before the rotary embedding")
+    Dk, Dv = round(d * cfg.get("expand_k", 1.0)) // H, round(d * cfg.get("expand_v", 2.0)) // H
+    layer = _common_layer(cfg, Dk, Dv, conv=False)
+    layer.update(qkv_activation="none", qk_norm=False, rotary=True,
+                 output_gate="silu" if cfg.get("use_output_gate", True) else "none",
+                 gate_bias={"theta": UNIT_THETA_BIAS})
+
+    def weights(a: dict, fam: Family) -> dict:
+        out = _qkv_conv(a)
+        out["gate_proj.weight"], out["gate_proj.bias"] = _unit_theta(H, d)
+        out.update(_out(a, fam, a.get("g_proj.weight")))
+        return out
+
+    return Family({"use": "zoo:retnet"}, layer, weights, H, Dk, Dv)
+
+
+#: fla's linear-attention feature maps -> ``[layer] qk_feature_map``
+LINEAR_ATTN_MAPS = {"elementwise_product": "hadamard", "hedgehog": "hedgehog", "t2r": "t2r",
+                    "identity": "none", "relu": "relu", "elu": "elu_p1"}
+
+
+def _feature_map(a: dict, names: tuple[str, ...], to: str) -> dict:
+    """One learned feature map's tensors (fla: ``layer1``, ``layer2`` for elementwise_product,
+    ``layer`` for hedgehog and t2r) under ``to``; a map tied between q and k is saved once,
+    under either name, so the first of ``names`` that holds tensors is read."""
+    rename = {"layer1": "a", "layer2": "b", "layer": "a"}
+    src = next((n for n in names if any(k.startswith(n + ".") for k in a)), None)
+    out = {}
+    for key, value in a.items():
+        mod, sub, param = (key.split(".") + ["", ""])[:3]
+        if mod == src:
+            out[f"{to}.{rename[sub]}.{param}"] = value
+    return out
+
+
+def linear_attn(cfg: dict, issues: list[Issue]) -> Family:
+    """fla's ``LinearAttention``: a feature map on each head's q and k, ``S <- S + k v^T``, the
+    read scaled by ``1/sqrt(feature size)``, a per-head RMSNorm, no gate and no convolution."""
+    d, H = cfg["hidden_size"], cfg["num_heads"]
+    _no_kv_groups(cfg, issues)
+    fmap = cfg.get("feature_map", "elementwise_product")
+    if fmap not in LINEAR_ATTN_MAPS:
+        issues.append(Issue("config.feature_map", "not supported: the memory layer's feature maps are "
+                            f"{', '.join(LINEAR_ATTN_MAPS)} (fla's names)", fmap,
+                            f"atlas imports feature_map = {' or '.join(repr(m) for m in LINEAR_ATTN_MAPS)}"))
+    check(cfg, issues, "norm_q", False, "q divided by the sum of its features")
+    check(cfg, issues, "norm_k", False, "k divided by the sum of its features")
+    check(cfg, issues, "norm_feature_map", False, "the normalised form (o divided by q . sum of the keys)")
+    Dk, Dv = round(d * cfg.get("expand_k", 1.0)) // H, round(d * cfg.get("expand_v", 1.0)) // H
+    layer = _common_layer(cfg, Dk, Dv, conv=False)
+    tied = bool(cfg.get("tie_feature_map_qk", False))
+    layer.update(qkv_activation="none", qk_norm=False, qk_feature_map=LINEAR_ATTN_MAPS.get(fmap, "none"),
+                 qk_feature_map_tied=tied, output_gate="none", gate_bias={"theta": UNIT_THETA_BIAS})
+
+    def weights(a: dict, fam: Family) -> dict:
+        out = _qkv_conv(a)
+        out["gate_proj.weight"], out["gate_proj.bias"] = _unit_theta(H, d)
+        out.update(_feature_map(a, ("feature_map_q", "feature_map_k"), "q_map"))
+        if not tied:
+            out.update(_feature_map(a, ("feature_map_k", "feature_map_q"), "k_map"))
+        out.update(_out(a, fam))
+        return out
+
+    return Family({"use": "zoo:linear_attention"}, layer, weights, H, Dk, Dv)
+
+
 #: fla ``model_type`` -> the family's mapping.
 FAMILIES: dict[str, Callable[[dict, list[Issue]], Family]] = {
     "delta_net": delta_net,
@@ -222,14 +302,12 @@ FAMILIES: dict[str, Callable[[dict, list[Issue]], Family]] = {
     "gated_deltaproduct": gated_deltaproduct,
     "kda": kda,
     "gla": gla,
+    "retnet": retnet,
+    "linear_attn": linear_attn,
 }
 
 #: fla families whose layer the memory layer cannot express, and why.
 UNSUPPORTED = {
-    "retnet": "fla's RetNet layer rotates q and k (rotary position embeddings), which the memory layer "
-              "does not do; zoo:retnet is RetNet's retention rule without them",
-    "linear_attn": "fla's linear attention applies a learned feature map (feature_map = "
-                   "'elementwise_product' and the others) that the memory layer does not express",
     "rwkv7": "fla's RWKV-7 layer (token shift, LoRA gates, value residual, group norm) is not a memory "
              "layer around zoo:rwkv7's rule",
 }

@@ -5,16 +5,19 @@ fla's layers (``fla.layers.*``) call Triton kernels that need a GPU. `fla_on_cpu
 
 - the rule kernels each layer module imported (``chunk_delta_rule``, ``fused_recurrent_delta_rule``,
   ``chunk_gated_delta_rule``, ``fused_recurrent_gated_delta_rule``, ``chunk_gated_delta_product``,
-  ``chunk_kda``, ``fused_recurrent_kda``, ``chunk_gla``, ``fused_chunk_gla``, ``fused_recurrent_gla``)
-  for `recurrence`, after the preprocessing the kernels do inside (read from their sources):
+  ``chunk_kda``, ``fused_recurrent_kda``, ``chunk_gla``, ``fused_chunk_gla``, ``fused_recurrent_gla``,
+  the retention kernels, the linear-attention kernels) for `recurrence`, after the preprocessing the kernels do inside (read from their sources):
   q and k l2-normalised as ``x / sqrt(|x|^2 + 1e-6)`` (``use_qk_l2norm_in_kernel``), beta
   ``sigmoid``-ed (``use_beta_sigmoid_in_kernel``) and doubled (``allow_neg_eigval``), the decay made
   in the kernel (``use_gate_in_kernel``: ``g = -exp(A_log) softplus(g + dt_bias)``), q scaled by
-  ``scale`` (default ``1/sqrt(K)``); the final state as ``[B, H, K, V]`` (``[B, H, V, K]`` with
+  ``scale`` (default ``1/sqrt(K)``), retention's fixed decay ``log(1 - 2^(-5 - h))`` per head;
+  the final state as ``[B, H, K, V]`` (``[B, H, V, K]`` with
   ``state_v_first``);
 - ``ShortConvolution.forward`` and ``causal_conv1d`` (depthwise causal conv, bias, SiLU),
   ``RMSNorm.forward`` (with fla's residual/prenorm form), ``FusedRMSNormGated.forward``
-  (``rmsnorm(x) * w * act(g)``) and ``SwiGLULinear.forward`` (``W (silu(x) * y) + b``).
+  (``rmsnorm(x) * w * act(g)``), ``SwiGLULinear.forward`` (``W (silu(x) * y) + b``), the rotary
+  embedding (``fla.modules.rotary.ops.rotary_embedding``, rotate-half) and linear attention's
+  ``elu_p1`` (``elu(x) + 1``).
 
 Every computation is float32, as fla's kernels accumulate. Only what a forward pass from no state
 needs is covered: a carried cache or packed sequences (``cu_seqlens``) are refused. `recurrence`
@@ -133,6 +136,50 @@ def gla(q, k, v, g=None, scale=None, gk=None, **kw):
     return _finish(o, S, v, kw)
 
 
+def retention(q, k, v, scale=None, **kw):
+    """RetNet's retention (``chunk_retention`` and the others): a fixed decay
+    ``gamma_h = 1 - 2^(-5 - h)`` per head, no beta, no delta step."""
+    _refuse_state(kw)
+    B, T, H, _ = q.shape
+    g = torch.log(1 - torch.pow(2.0, -5.0 - torch.arange(H, dtype=torch.float32))).expand(B, T, H)
+    o, S = recurrence(q, k, v, g=g, scale=scale, delta=False, output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def linear_attn(q, k, v, scale=None, normalize=False, **kw):
+    """Linear attention (``chunk_linear_attn`` and the others): ``S <- S + k v^T``, no decay, no
+    beta; the normalised form (``normalize``, a running ``q . sum k`` divisor) is not covered."""
+    _refuse_state(kw)
+    if normalize:
+        raise NotImplementedError("the CPU oracle has no normalised linear attention")
+    o, S = recurrence(q, k, v, scale=scale, delta=False, output_final_state=kw.get("output_final_state", False))
+    return _finish(o, S, v, kw)
+
+
+def rotary_embedding(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
+                     chunk_indices=None):
+    """``rotary_embedding``: ``x: [B, T, H, D]`` rotated with the rows ``offset .. offset + T`` of the
+    ``cos``/``sin`` tables ``[S, R/2]`` (rotate-half, or interleaved pairs), the last ``D - R``
+    features unchanged."""
+    if cu_seqlens is not None or not isinstance(seqlen_offsets, int):
+        raise NotImplementedError("the CPU oracle rotates unpacked sequences from one integer offset")
+    T, R = x.shape[1], 2 * cos.shape[-1]
+    c = cos[seqlen_offsets:seqlen_offsets + T].float()[None, :, None]
+    s = sin[seqlen_offsets:seqlen_offsets + T].float()[None, :, None]
+    xr = x[..., :R].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr.chunk(2, dim=-1)
+        rot = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    return torch.cat([rot.to(x.dtype), x[..., R:]], dim=-1)
+
+
+def elu_p1(x):
+    return (F.elu(x.float()) + 1.0).to(x.dtype)
+
+
 def short_conv_forward(self, x, residual=None, mask=None, cache=None, output_final_state=False,
                        cu_seqlens=None, **kw):
     """``ShortConvolution.forward``: depthwise causal conv over time (+ bias), then the activation."""
@@ -198,6 +245,15 @@ RULE_KERNELS = {
     ("fla.layers.gla", "chunk_gla"): gla,
     ("fla.layers.gla", "fused_chunk_gla"): gla,
     ("fla.layers.gla", "fused_recurrent_gla"): gla,
+    ("fla.layers.multiscale_retention", "chunk_retention"): retention,
+    ("fla.layers.multiscale_retention", "fused_chunk_retention"): retention,
+    ("fla.layers.multiscale_retention", "fused_recurrent_retention"): retention,
+    ("fla.layers.multiscale_retention", "parallel_retention"): retention,
+    ("fla.layers.linear_attn", "chunk_linear_attn"): linear_attn,
+    ("fla.layers.linear_attn", "fused_chunk_linear_attn"): linear_attn,
+    ("fla.layers.linear_attn", "fused_recurrent_linear_attn"): linear_attn,
+    ("fla.layers.linear_attn", "elu_p1"): elu_p1,
+    ("fla.modules.rotary.ops", "rotary_embedding"): rotary_embedding,
 }
 
 

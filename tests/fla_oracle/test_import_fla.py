@@ -32,7 +32,14 @@ FAMILIES = {
                                                  "allow_neg_eigval": True}),
     "kda": ("KDA", {"head_dim": 8}),
     "gla": ("GLA", {"use_short_conv": True}),
+    "retnet": ("RetNet", {}),
+    "linear_attn": ("LinearAttention", {}),
 }
+#: the strategy each family is also checked under (chunked, 8 tokens a chunk)
+CHUNKED = {"gla": "core:chunkwise", "retnet": "core:chunkwise", "linear_attn": "core:chunkwise"}
+#: the families whose export to Hugging Face is checked (the same core:lm; RetNet carries the
+#: rotary position in its state)
+EXPORTED = ("gated_deltanet", "retnet")
 
 
 def invoke(*args):
@@ -85,12 +92,43 @@ def test_logits_equal_fla(imported):
         rest, _ = atlas.step(ids[:, 10:], state)
     torch.testing.assert_close(torch.cat([first, rest], 1), want, **tol)
     spec = atlas.spec.to_dict()
-    spec["memory"]["parallel"] = {"use": "core:chunkwise" if family == "gla" else "core:exact_chunk",
-                                  "chunk_size": 8}
+    spec["memory"]["parallel"] = {"use": CHUNKED.get(family, "core:exact_chunk"), "chunk_size": 8}
     chunked = ac.build_model(spec)
     chunked.load_state_dict(atlas.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(chunked(ids), want, **tol)
+
+
+@pytest.mark.parametrize("family, over", [
+    ("retnet", {"use_output_gate": False}),
+    ("retnet", {"fuse_norm": False, "expand_k": 0.5, "expand_v": 1.0}),
+    ("linear_attn", {"feature_map": "hedgehog"}),
+    ("linear_attn", {"feature_map": "t2r"}),
+    ("linear_attn", {"feature_map": "elu"}),
+    ("linear_attn", {"feature_map": "hedgehog", "tie_feature_map_qk": True}),
+])
+def test_layer_variants_give_fla_logits(family, over, tmp_path):
+    model = fla_model(family, seed=2, **over)
+    src = tmp_path / "src"
+    if over.get("tie_feature_map_qk"):  # save_pretrained refuses the shared map: one copy of it
+        from safetensors.torch import save_model
+
+        src.mkdir()
+        model.config.save_pretrained(src)
+        save_model(model, str(src / "model.safetensors"))
+    else:
+        model.save_pretrained(src)
+    import_fla(src, tmp_path / "out")
+    atlas = ac.load(tmp_path / "out")
+    ids = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
+    want = fla_logits(model, ids)
+    with torch.no_grad():
+        got = atlas(ids)
+        first, state = atlas.step(ids[:, :7])
+        rest, _ = atlas.step(ids[:, 7:], state)
+    assert want.abs().max() > 0.1
+    assert ((got - want).norm() / want.norm()).item() < 1e-4
+    torch.testing.assert_close(torch.cat([first, rest], 1), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 def test_generate_continues_as_fla(imported):
@@ -112,8 +150,8 @@ def test_eval_and_export_hf(imported, tmp_path):
                     "--batches", "1", "--batch-size", "4", "--device", "cpu")
     assert result.exit_code == 0, result.output
     assert 0.0 <= json.loads(result.output)["accuracy"] <= 1.0
-    if family != "gated_deltanet":
-        return  # one family is enough for the export path (it is the same core:lm)
+    if family not in EXPORTED:
+        return  # the export path is the same core:lm for every family
     transformers = pytest.importorskip("transformers")
     result = invoke("export-hf", out, tmp_path / "hf")
     assert result.exit_code == 0, result.output
@@ -128,6 +166,9 @@ def test_eval_and_export_hf(imported, tmp_path):
     ("gated_deltanet", {"head_dim": 8, "num_v_heads": 4}, "config.num_v_heads"),
     ("kda", {"head_dim": 8, "safe_gate": True, "lower_bound": -5.0}, "config.safe_gate"),
     ("gla", {"clamp_min": -3.0}, "config.clamp_min"),
+    ("retnet", {"num_kv_heads": 1}, "config.num_kv_heads"),
+    ("linear_attn", {"feature_map": "dpfp"}, "config.feature_map"),
+    ("linear_attn", {"norm_feature_map": True}, "config.norm_feature_map"),
 ])
 def test_unsupported_options_are_named(family, over, path, tmp_path):
     fla_model(family, **over).save_pretrained(tmp_path / "src")
@@ -139,6 +180,6 @@ def test_unsupported_options_are_named(family, over, path, tmp_path):
 
 
 def test_unsupported_family_says_why(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "retnet", "hidden_size": 8}))
-    with pytest.raises(SpecError, match="rotary"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "rwkv7", "hidden_size": 8}))
+    with pytest.raises(SpecError, match="token shift"):
         import_fla(tmp_path, tmp_path / "out")

@@ -97,6 +97,50 @@ def test_gla_matches_fla_naive():
     torch.testing.assert_close(oracle.gla(q, k, v, gk=gk)[0], ours[0])  # fused_recurrent_gla's keyword
 
 
+def test_retention_matches_fla_naive():
+    ref = fla_reference("ops/retention/naive.py").naive_retention
+    q, k, v, _ = _qkv()
+    ours = oracle.retention(q, k, v, output_final_state=True)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731 - the reference takes [B, H, T, D]
+    want = t(ref(t(q), t(k), t(v)))
+    # the reference gives no state: the state is the recurrence's, read by a query of e_i
+    S = oracle.recurrence(q, k, v, g=torch.log(1 - 2.0 ** (-5.0 - torch.arange(H))).expand(B, T, H),
+                          delta=False, output_final_state=True)[1]
+    _same(ours, (want, S), (q, k, v))
+
+
+def test_linear_attn_matches_fla_naive():
+    ref = fla_reference("ops/linear_attn/naive.py").naive_recurrent_linear_attn
+    q, k, v, _ = _qkv()
+    ours = oracle.linear_attn(q, k, v, output_final_state=True)
+    _same(ours, ref(q, k, v, output_final_state=True), (q, k, v))
+    with pytest.raises(NotImplementedError, match="normalised"):
+        oracle.linear_attn(q, k, v, normalize=True)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_matches_fla_reference_and_complex_rotation(interleaved):
+    pytest.importorskip("fla.modules", reason="flash-linear-attention is in the test extra")
+    from fla.modules.rotary.ops import RotaryEmbedding, rotary_embedding_ref
+
+    rope = RotaryEmbedding(dim=K)
+    rope._update_cos_sin_cache(20, dtype=torch.float32)
+    x = torch.randn(B, T, H, K + 2)  # two features past the rotated ones stay as they are
+    got = oracle.rotary_embedding(x, rope._cos_cached[:, :3], rope._sin_cached[:, :3], interleaved,
+                                  seqlen_offsets=5)
+    want = rotary_embedding_ref(x, rope._cos_cached[5:5 + T, :3], rope._sin_cached[5:5 + T, :3], interleaved)
+    torch.testing.assert_close(got, want)
+    # independently: pair (x_i, x_{i + R/2}) (or (x_2i, x_2i+1)) times e^(i p f_i), f_i = 10000^(-2i/K)
+    f = 10000.0 ** (-torch.arange(0, K, 2).float() / K)
+    pos = torch.arange(5, 5 + T).float()
+    z = torch.polar(torch.ones(T, 3), pos[:, None] * f[:3])[None, :, None]
+    pairs = (x[..., 0:6:2], x[..., 1:6:2]) if interleaved else (x[..., :3], x[..., 3:6])
+    r = torch.complex(*pairs) * z
+    assert torch.allclose(got[..., 0:6:2] if interleaved else got[..., :3], r.real, atol=1e-5)
+    assert torch.allclose(got[..., 1:6:2] if interleaved else got[..., 3:6], r.imag, atol=1e-5)
+    assert torch.equal(got[..., 6:], x[..., 6:])
+
+
 def test_the_oracle_refuses_a_carried_state():
     q, k, v, _ = _qkv()
     with pytest.raises(NotImplementedError, match="no state"):
