@@ -14,7 +14,7 @@ import torch
 
 from ..knobs.algorithm import Algorithm, _bc
 from ..knobs.gates import ETA, THETA
-from ..strategies.decay import decay_matrix
+from ..forms.decay import decay_matrix
 
 
 class Momentum(Algorithm):

@@ -18,7 +18,7 @@ Chunk form (used by ``core:chunkwise`` and ``atlas_muon:atlas_parallel``): insid
 tokens every gradient is taken at the anchor, so ``g_t`` does not depend on the memory and both
 recurrences are linear scans (Atlas Eq 34, "state-independent momentum"). With the decay matrices
 ``E[t, i] = prod_{i<m<=t} eta_m`` and ``L[t, j] = prod_{j<m<=t} alpha_m`` (the closed form of the
-scans, `atlas_core.strategies.decay.decay_matrix`), ``P_t = prod_{m<=t} eta_m`` and
+scans, `atlas_core.forms.decay.decay_matrix`), ``P_t = prod_{m<=t} eta_m`` and
 ``A_t = prod_{m<=t} alpha_m``::
 
     Z_t = P_t Z_0 + sum_{i<=t} E[t, i] g_i                      [B, H, C, *s]
@@ -39,7 +39,7 @@ import torch
 
 from atlas_core.knobs.algorithm import Algorithm, _bc
 from atlas_core.knobs.gates import ETA, THETA
-from atlas_core.strategies.decay import decay_matrix
+from atlas_core.forms.decay import decay_matrix
 
 from .newton_schulz import DEFAULT_COEFFICIENTS, DEFAULT_EPS, DEFAULT_STEPS, check_ns_args, newton_schulz
 

@@ -18,7 +18,7 @@ Memory (docs/math.md, "Training memory of the chunked strategies"). The forward 
 O(C |W|) per chunk, never O(T |W|). What autograd would keep for the backward pass is the larger
 cost: every chunk's momenta and NS iterates, O(T k |W|) over the sequence. With ``checkpoint =
 true`` (the default) each chunk is recomputed during the backward pass from the state at its start
-(`atlas_core.strategies.recompute`), so only the chunk-boundary states are kept — O((T / C) |W|)
+(`atlas_core.forms.recompute`), so only the chunk-boundary states are kept — O((T / C) |W|)
 plus one chunk's working set O(C k |W|) — at the price of one more forward of every chunk. When
 those boundary states would exceed ``memory_budget_mib``, they are kept only every
 ceil(sqrt(T / C)) chunks and each segment is recomputed in turn (one more forward again):

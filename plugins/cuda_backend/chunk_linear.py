@@ -2,12 +2,12 @@
 
 ``chunk_linear(psi, xk, xv, xg, alpha, theta, eta, lag, m0, z0, chunk_size=, bias=, read=)``
 computes what ``core:chunkwise``'s linear fast path computes
-(`atlas_core.strategies.chunkwise.Chunkwise._linear_chunk`, the readable reference), with the
+(`atlas_core.forms.anchored_chunk.linear_chunk`, the readable reference), with the
 forward in `chunk_linear_fwd` and the backward in `chunk_linear_bwd`, both Triton.
 
 Arguments (time-major per head, as in `atlas_core.rule.MemoryInputs`; c = window, TE = T + c - 1):
     psi:   [B, H, T, Dk]   phi(q)
-    xk:    [B, H, TE, Dk]  phi(k) with the carried window keys first (``rule._extended``)
+    xk:    [B, H, TE, Dk]  phi(k) with the carried window keys first (``rule.extended_inputs``)
     xv:    [B, H, TE, Dv]  v, likewise extended
     xg:    [B, H, TE]      gamma, likewise extended (ones without a gamma gate)
     alpha: [B, H, T]       retain factor;  theta: [B, H, T] learning rate

@@ -1,4 +1,4 @@
-"""Bounded training memory of ``atlas_muon:atlas_parallel`` (atlas_core/strategies/recompute.py):
+"""Bounded training memory of ``atlas_muon:atlas_parallel`` (atlas_core/forms/recompute.py):
 per-chunk recomputation and the coarser segment grid (``memory_budget_mib``) change nothing but
 what is kept. Float64: outputs, final state and every gradient equal the same strategy without
 recomputation and ``core:sequential``; calls that start inside a chunk or a segment carry exactly;
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import atlas_core as ac
-from atlas_core.strategies.recompute import segment_size
+from atlas_core.forms.recompute import segment_size
 
 from .conftest import make_inputs
 from .test_atlas_parallel import RULES, _grads, _in_calls, ap, assert_same

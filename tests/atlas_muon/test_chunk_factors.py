@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atlas_core.strategies.decay import decay_matrix
+from atlas_core.forms.decay import decay_matrix
 from atlas_plugins.atlas_muon.muon import Muon
 
 DT = torch.float64

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from atlas_core.strategies.decay import decay_matrix
+from atlas_core.forms.decay import decay_matrix
 
 
 @pytest.mark.parametrize("C", [1, 5, 16])

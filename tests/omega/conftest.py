@@ -10,7 +10,7 @@ import atlas_core as ac
 def _one_intra_op_thread():
     """Tiny tensors gain nothing from torch's intra-op threads, and on a busy 2-core machine some
     kernels pay milliseconds per call to wake the pool (a bool ``tril`` in
-    `atlas_core.strategies.decay.decay_matrix` took ~20 ms per call under load). A workaround
+    `atlas_core.forms.decay.decay_matrix` took ~20 ms per call under load). A workaround
     for test speed only; the previous setting is restored after each test."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""The dual form of ``core:chunkwise`` on ``titans:mlp`` (`Chunkwise._dual_chunk`): every token is
+"""The dual form of ``core:chunkwise`` on ``titans:mlp`` (`atlas_core.forms.anchored_chunk.dual_chunk`): every token is
 read at its own weights through rank-one gradient factors, never forming per-token weights. It must
 equal the per-token path (`_generic_chunk`, which forms them) and the anchored reference loop on
 outputs, final state and gradients (the reference on the rule with anchor = C, the block the
@@ -44,7 +44,7 @@ def make(alg, bias, read, depth, residual, act, B=2, T=21, H=2, D=4, seed=0, anc
 
 
 class PerToken(Chunkwise):
-    """core:chunkwise with the dual form switched off: per-token weights (`_generic_chunk`)."""
+    """core:chunkwise with the dual form switched off: per-token weights (`generic_chunk`)."""
 
     def dual_path(self, rule) -> bool:
         return False
@@ -138,4 +138,5 @@ def test_structures_without_factors_keep_the_per_token_path():
         rank_one_grads = False
 
     rule.structure.__class__ = Plain
+    rule.structure = rule.structure  # a knob set again: the rule's form (read once) is read again
     assert not Chunkwise().dual_path(rule)

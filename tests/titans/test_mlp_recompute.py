@@ -1,5 +1,5 @@
 """``core:chunkwise`` on the deep memory ``titans:mlp`` (the dual form) with bounded training
-memory (atlas_core/strategies/recompute.py): per-chunk recomputation and the segment grid
+memory (atlas_core/forms/recompute.py): per-chunk recomputation and the segment grid
 (``memory_budget_mib``) give the same outputs, final state and gradients as the plain run and the
 sequential reference, float64."""
 

@@ -14,7 +14,7 @@ import torch
 
 import atlas_core as ac
 from atlas_core.errors import SpecError, StrategyError
-from atlas_core.strategies.key_decay_chunk import decayed_scores
+from atlas_core.forms.key_decay_chunk import decayed_scores
 
 from ..fla_refs import fla_reference
 from .strategies import accepting
@@ -225,7 +225,7 @@ def test_the_memory_layer_makes_a_per_key_alpha_gate():
 def test_decayed_scores_pick_a_safe_form_in_float32(lo, form):
     """float32 scores of 64 tokens: mild decays take the factored form, decays beyond e^30 per
     8 tokens the pairwise one; both equal the float64 pairwise sum to float32 accuracy."""
-    from atlas_core.strategies.key_decay_chunk import _RANGE, _max_range
+    from atlas_core.forms.key_decay_chunk import _RANGE, _max_range
 
     g = torch.Generator().manual_seed(3)
     rows, cols = torch.randn(2, 4, 64, 16, generator=g, dtype=DT)
