@@ -47,9 +47,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ..strategies import exact_chunk as ex
-from ..strategies.chunkwise import Chunkwise, window_matrix
-from ..strategies.decay import decay_matrix
+from ..forms import exact_chunk as ex
+from ..forms.anchored_chunk import window_matrix
+from ..forms.decay import decay_matrix
+from ..strategies.chunkwise import Chunkwise
 
 #: tokens per chunk of the exact form (the map is the rule's: any chunk size gives it)
 EXACT_CHUNK = 32
@@ -203,7 +204,7 @@ def _exact_run(rule, p, C: int) -> _Run:
         XwT = (w.unsqueeze(-1) * X).transpose(-1, -2)
         Nm, Pm = Kp * (X @ XwT), Kr * (Q @ XwT)
     else:
-        X, V, w, Nm, Pm = ex.ExactChunk._window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad)
+        X, V, w, Nm, Pm = ex.window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad)
         w = w.flatten(-2)
     if mom:
         Wx = ex._outer(torch.stack([ex._slots(Ap, c), -ex._slots(PLp, c)], dim=-1), X)
