@@ -2,9 +2,12 @@
 
     OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py delta_net --seed 0
     OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py gated_deltanet --seed 1
+    OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py gla --seed 2       # also kda, gated_deltaproduct
 
 fla 0.6.0's ``<Family>ForCausalLM`` (its config defaults, sized like the zoo suite: vocab 64,
-hidden 64, 2 layers, 4 heads of 16) is trained by atlas's own trainer (`atlas_core.train`) on the
+hidden 64, 2 layers, 4 heads: of 16 for the delta rules and KDA, GLA's defaults expand_k 0.5 /
+expand_v 1, i.e. keys of 8 and values of 16; Gated DeltaProduct with the preset's 2 Householder steps
+and forget gate) is trained by atlas's own trainer (`atlas_core.train`) on the
 zoo suite's spec (``benchmarks/mqar/zoo/<preset>.toml``: the same MQAR batches, optimiser, schedule,
 steps and evaluation); only the model differs: `atlas_core.model.build_model` is replaced, in this
 process, by one that returns fla's model. fla's layers call Triton kernels, which need a GPU, so
@@ -26,6 +29,11 @@ ROOT = HERE.parent.parent
 FAMILIES = {
     "delta_net": ("deltanet", "DeltaNet", {}),
     "gated_deltanet": ("gated_deltanet", "GatedDeltaNet", {"head_dim": 16}),
+    "gla": ("gla", "GLA", {}),
+    "kda": ("kda", "KDA", {"head_dim": 16}),
+    # the preset's rule: 2 Householder steps a token and the forget gate (fla's defaults: 1, off)
+    "gated_deltaproduct": ("gated_delta_product", "GatedDeltaProduct",
+                           {"head_dim": 16, "num_householder": 2, "use_forget_gate": True}),
 }
 
 
@@ -57,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("family", choices=sorted(FAMILIES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="a config override key=value (JSON value)")
+    ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the spec's)")
     args = ap.parse_args(argv)
 
     import json
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     import fla.models as fm
     from atlas_core.spec import load_spec
     from atlas_core.train.setup import TrainOptions
-    from atlas_core.train.trainer import train
+    from atlas_core.train.launch import train
     from tests.fla_oracle.oracle import fla_on_cpu
 
     preset, name, extra = FAMILIES[args.family]
@@ -83,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     spec = load_spec(HERE / "zoo" / f"{preset}.toml").to_dict()
     spec["train"] = {**spec["train"], "seed": args.seed, "eval_every": 0}
+    if args.steps is not None:
+        spec["train"]["steps"] = args.steps
     spec["name"] = f"fla-{args.family}"
     atlas_model.build_model = build_fla
     with fla_on_cpu(), tempfile.TemporaryDirectory() as tmp:

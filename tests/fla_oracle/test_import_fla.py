@@ -159,6 +159,12 @@ def test_eval_and_export_hf(imported, tmp_path):
     ids = torch.randint(0, VOCAB, (1, 12))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, fla_logits(model, ids), rtol=1e-4, atol=1e-4)
+    # Hugging Face's decoding carries the state (RetNet's rotary position included) token by token
+    ids = torch.tensor([[3, 17, 5, 9]])
+    got = hf.generate(ids, max_new_tokens=5, do_sample=False)
+    for _ in range(5):
+        ids = torch.cat([ids, fla_logits(model, ids)[:, -1:].argmax(-1)], 1)
+    assert got.tolist() == ids.tolist()
 
 
 @pytest.mark.parametrize("family, over, path", [
