@@ -1,17 +1,25 @@
-"""Context parallelism: tokens/s and peak memory per rank for one long sequence split over R ranks.
+"""Context parallelism: per-rank time of a training step against one process running its slice.
 
 For each rule, sequence length T and rank count R, R gloo processes on this machine each hold
 T / R tokens of one sequence (batch 1) and run `atlas_core.distributed.context_parallel` forward
-and backward (a loss over every output); R = 1 is the plain rule call in one process. Reported:
+and backward (a loss over every output); R = 1 is the plain rule call in one process. Beside it,
+one process runs the plain rule call on T / R tokens (the slice's work without context
+parallelism). Reported, median of ``--repeat`` steps after one warm-up, slowest rank:
 
-- ``tok/s``: T / the slowest rank's forward + backward time (median of ``--repeat`` runs after
-  one warm-up);
+- ``cpu s``: the CPU time of a rank's step (``time.process_time``: every thread of the process,
+  gloo's included; waiting for another rank costs none), and ``cpu x``: it over the one-process
+  slice's CPU time. This is the figure to read when the ranks share cores (R above the core
+  count): it is what the rank would take on a core of its own;
+- ``wall s``, ``wall x``: the same with wall-clock time (``time.perf_counter``; includes waiting
+  for the other ranks and, with shared cores, their turns on the core);
+- ``tok/s``: T / the slowest rank's wall time;
 - ``peak MiB/rank``: the largest growth of a rank's resident memory during its timed runs (peak
-  ``VmHWM`` after, reset before, minus ``VmRSS`` before: activations, probes, gathered maps and
-  their gradients; torch itself and the inputs excluded). Linux only.
+  ``VmHWM`` after, reset before, minus ``VmRSS`` before: activations, maps and their gradients;
+  torch itself and the inputs excluded). Linux only.
 
-A configuration whose step takes longer than ``--budget`` seconds ends that rule's longer
-sequences at the same R (they are printed as skipped).
+A rule is ``ns:name`` (``anchor = 64``, ``core:chunkwise`` with chunk 64) or ``ns:name/exact``
+(the per-token rule, ``anchor = 1``, ``core:exact_chunk`` with chunk 32). A configuration whose
+step takes longer than ``--budget`` seconds ends that rule's longer sequences at the same R.
 
 Usage::
 
@@ -19,8 +27,7 @@ Usage::
     python benchmarks/bench_context_parallel.py --T 4096 --R 1 2 --rules titans:titans
 
 Every process runs ``--threads`` threads (default 1; R = 1 too, so that the rows compare the same
-per-process work): with R above the core count the ranks share cores, and the time measures the
-ranks' work added up, not R machines in parallel.
+per-process work).
 """
 
 from __future__ import annotations
@@ -37,10 +44,15 @@ HEADS, D = 2, 16
 
 
 def _rule(name: str):
+    """``ns:name``: anchor 64 under core:chunkwise (chunk 64); ``ns:name/exact``: the per-token
+    rule under core:exact_chunk (chunk 32)."""
     import atlas_core as ac
 
     torch.manual_seed(0)
-    spec = {"use": name, "anchor": 64, "parallel": {"use": "core:chunkwise", "chunk_size": 64}}
+    if name.endswith("/exact"):
+        spec = {"use": name[:-len("/exact")], "parallel": {"use": "core:exact_chunk", "chunk_size": 32}}
+    else:
+        spec = {"use": name, "anchor": 64, "parallel": {"use": "core:chunkwise", "chunk_size": 64}}
     return ac.build_rule(spec, heads=HEADS, d_key=D, d_value=D)
 
 
@@ -77,7 +89,8 @@ def _reset_peak() -> None:
 
 
 def measure(payload, info) -> dict:
-    """One rank: forward + backward of its slice, ``repeat`` times after a warm-up."""
+    """One rank: forward + backward of its slice, ``repeat`` times after a warm-up; the slowest
+    rank's wall and CPU seconds (medians), its peak memory growth."""
     import torch.distributed as dist
 
     from atlas_core.distributed import context_parallel, mode_for
@@ -88,27 +101,30 @@ def measure(payload, info) -> dict:
     q, k, v, gates = _slice(rule, T, R, r)
     strategy = rule.default_strategy
 
-    def once() -> float:
-        t0 = time.perf_counter()
+    def once() -> tuple[float, float]:
+        if R > 1:
+            dist.barrier()  # start together: no rank's time includes another's warm-up
+        t0, c0 = time.perf_counter(), time.process_time()
         if R == 1:
             y, _ = rule(q, k, v, gates=gates, strategy=strategy)
         else:
             y, _ = context_parallel(rule, q, k, v, gates, group=None, strategy=strategy)
         y.square().sum().backward()
+        c1 = time.process_time()
         if R > 1:
             dist.barrier()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, c1 - c0
 
     once()  # warm-up
     base = _status("VmRSS")
     _reset_peak()
-    times = [once() for _ in range(repeat)]
-    out = {"seconds": statistics.median(times), "peak_mib": _status("VmHWM") - base,
-           "mode": mode_for(rule) if R > 1 else "-"}
+    runs = [once() for _ in range(repeat)]
+    out = {"wall": statistics.median(w for w, _ in runs), "cpu": statistics.median(c for _, c in runs),
+           "peak_mib": _status("VmHWM") - base, "mode": mode_for(rule) if R > 1 else "-"}
     if R > 1:
         every = [None] * R
         dist.all_gather_object(every, out)
-        return {"seconds": max(e["seconds"] for e in every),
+        return {"wall": max(e["wall"] for e in every), "cpu": max(e["cpu"] for e in every),
                 "peak_mib": max(e["peak_mib"] for e in every), "mode": out["mode"]}
     return out
 
@@ -120,7 +136,7 @@ def measure_threads(payload, info) -> dict:
 
 
 def run(name: str, T: int, R: int, repeat: int, threads: int) -> dict:
-    from atlas_core.train.distributed import SINGLE, spawn
+    from atlas_core.train.data_parallel import SINGLE, spawn
 
     if R == 1:
         torch.set_num_threads(threads)
@@ -128,33 +144,46 @@ def run(name: str, T: int, R: int, repeat: int, threads: int) -> dict:
     return spawn(measure_threads, (name, T, repeat, threads), R, "cpu")
 
 
+def load() -> str:
+    try:
+        return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "load average unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--T", type=int, nargs="+", default=[16384, 65536])
-    ap.add_argument("--R", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--rules", nargs="+", default=["titans:titans", "titans:titans_deep"])
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--T", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--R", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rules", nargs="+",
+                    default=["titans:titans", "titans:titans/exact", "zoo:gated_deltanet/exact",
+                             "omega:omeganet/exact"])
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="threads per process (default 1)")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds per step (see above)")
     args = ap.parse_args(argv)
     print(f"# {os.cpu_count()} cores, {args.threads} thread(s) a process, torch "
-          f"{torch.__version__}, heads {HEADS}, D {D}, batch 1, "
-          "float32, anchor 64, chunkwise strategy (chunk 64)")
-    print(f"{'rule':22s} {'T':>6s} {'R':>2s} {'mode':>6s} {'tok/s':>9s} {'s/step':>8s} "
-          f"{'peak MiB/rank':>14s}")
+          f"{torch.__version__}, heads {HEADS}, D {D}, batch 1, float32; {load()}")
+    print(f"{'rule':26s} {'T':>6s} {'R':>2s} {'mode':>6s} {'cpu s':>7s} {'1p cpu':>7s} "
+          f"{'cpu x':>6s} {'wall s':>7s} {'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} "
+          f"{'MiB/rank':>8s}")
     for name in args.rules:
         over: set[int] = set()
         for T in sorted(args.T):
             for R in args.R:
                 if R in over:
-                    print(f"{name:22s} {T:6d} {R:2d}  skipped (a shorter T took over "
+                    print(f"{name:26s} {T:6d} {R:2d}  skipped (a shorter T took over "
                           f"{args.budget:.0f} s a step)", flush=True)
                     continue
-                m = run(name, T, R, args.repeat, args.threads)
-                if m["seconds"] > args.budget:
+                one = run(name, T // R, 1, args.repeat, args.threads)  # one process, the slice
+                m = run(name, T, R, args.repeat, args.threads) if R > 1 else one
+                if m["wall"] > args.budget:
                     over.add(R)
-                print(f"{name:22s} {T:6d} {R:2d} {m['mode']:>6s} {T / m['seconds']:9.0f} "
-                      f"{m['seconds']:8.2f} {m['peak_mib']:14.0f}", flush=True)
+                print(f"{name:26s} {T:6d} {R:2d} {m['mode']:>6s} {m['cpu']:7.3f} {one['cpu']:7.3f} "
+                      f"{m['cpu'] / one['cpu']:6.2f} {m['wall']:7.3f} {one['wall']:7.3f} "
+                      f"{m['wall'] / one['wall']:6.2f} {T / m['wall']:8.0f} {m['peak_mib']:8.0f}",
+                      flush=True)
+    print(f"# {load()}")
     return 0
 
 

@@ -60,6 +60,8 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
+from .state_map import analytic_form, positions, slice_map
+
 ANCHOR_POS = "anchor.pos"
 CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
 MODES = ("auto", "affine", "relay")
@@ -234,6 +236,20 @@ def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     return P, C
 
 
+def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
+    """``(P, C, map)`` of this rank's slice: from the rule's chunk form when it has one
+    (`state_map.slice_map`, ``map`` kept for the backward's `SliceMap.read_grad`), else by
+    `_probe` (``map`` None)."""
+    if analytic_form(call.rule) is None:
+        return (*_probe(call, q, k, v, gates, carried, like), None)
+    state = dict(carried)
+    state.update(_unrows(torch.zeros_like(like), call.memory_keys))
+    with torch.no_grad():
+        p = call.rule.prepare(q, k, v, gates or None, state)
+        sm = slice_map(call.rule, p, call.memory_keys)
+    return sm.P.to(like.dtype), sm.C.to(like.dtype), sm
+
+
 class _Affine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: _Call, *tensors):
@@ -242,8 +258,8 @@ class _Affine(torch.autograd.Function):
         lengths = [int(x) for x in _gather(torch.tensor([q.shape[1]], device=q.device), call)]
         carried = _carried_inputs(call, s0, q, k, v, gates, lengths)
         rows0 = _rows(s0, keys).detach()
-        P, C = _probe(call, q.detach(), k.detach(), v.detach(),
-                      {g: x.detach() for g, x in gates.items()}, carried, rows0)
+        P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),
+                                {g: x.detach() for g, x in gates.items()}, carried, rows0)
         Ps, Cs = _gather(P, call), _gather(C, call)
         rows = rows0
         for j in range(call.rank):  # the scan over the ranks before this one
@@ -257,7 +273,7 @@ class _Affine(torch.autograd.Function):
             state.update(_unrows(rows_in, keys))
             y, out = call.run(*xs, gs, state)
             rows_out = _rows(out, keys)
-        ctx.call, ctx.Ps = call, Ps
+        ctx.call, ctx.Ps, ctx.smap = call, Ps, smap
         ctx.graph = (y, rows_out, {w: out[w] for w in CARRIED[:3] if w in out})
         ctx.leaves = (rows_in, carried_in, xs, gs, params)
         outs = [out[key].detach() for key in call.state_keys]
@@ -273,8 +289,12 @@ class _Affine(torch.autograd.Function):
         zeros = torch.zeros_like(rows_out)
         g_S = torch.cat([g if (g := gS[key]) is not None else torch.zeros_like(part)
                          for key, part in zip(keys, rows_out.chunk(len(keys), dim=-1))], dim=-1)
-        # 1. g_r: the gradient of this rank's outputs with respect to its initial memory
-        (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
+        # 1. g_r: the gradient of this rank's outputs with respect to its initial memory, from
+        # the slice map's reads (no backward pass) or, for a probed map, by autograd
+        if ctx.smap is not None:
+            g_loc = ctx.smap.read_grad(positions(call.rule, gy).to(rows_out.dtype)).to(rows_out.dtype)
+        else:
+            (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
         g_loc = zeros if g_loc is None else g_loc
         gl, gss = _gather(g_loc, call), _gather(g_S, call)
         # 2. the scan back: mu_{j} = g_j + (gS_j + mu_{j+1}) P_j, from the last rank down
@@ -315,7 +335,7 @@ class _Affine(torch.autograd.Function):
                 g_s0.append(g_rows_keys[key])
             else:
                 g_s0.append(g_window_in.get(key))
-        ctx.graph = ctx.leaves = None
+        ctx.graph = ctx.leaves = ctx.smap = None
         return (None, *g_s0, *g_x)
 
 

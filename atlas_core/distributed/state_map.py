@@ -50,41 +50,31 @@ import torch.nn.functional as F
 from ..forms import exact_chunk as ex
 from ..forms.anchored_chunk import window_matrix
 from ..forms.decay import decay_matrix
-from ..strategies.chunkwise import Chunkwise
 
-#: tokens per chunk of the exact form (the map is the rule's: any chunk size gives it)
-EXACT_CHUNK = 32
+#: tokens per chunk of the maps (the map is the rule's: any chunk size gives it); with an Omega
+#: window of c tokens the exact form's system is C c wide, so its chunks are ``MAP_CHUNK * 2 // c``
+MAP_CHUNK = 32
 
 
-def _gate_name(rule, role: str, default: str) -> str:
-    form = getattr(rule, "form", None)
-    name = form.gate(role) if form is not None and hasattr(form, "gate") else None
-    return name or default
+def _gate(rule, p, role: str) -> torch.Tensor:
+    """The prepared gate with ``role`` (``"step_size"``, ``"momentum"``; `RuleForm.gate`)."""
+    return p.gates[rule.form.gate(role)]
 
 
 def analytic_form(rule) -> str | None:
     """``"exact"`` or ``"anchored"`` when the slice map of ``rule`` has a chunk form here, else
-    None (read from the knobs' declared traits, as `context.affine_reason` does)."""
-    if not getattr(rule, "composed", False) or rule.steps_per_token != 1:
-        return None
-    S, alg, ret, bias = rule.structure, rule.algorithm, rule.retention, rule.bias
-    if not (S.is_linear and tuple(S.weight_shapes()) == ("M",)) or bias.error_kind != "l2":
-        return None
-    form = alg.linear_form
-    if form not in ("gd", "momentum"):
-        return None
-    if form == "momentum" and tuple(alg.init_opt({"M": torch.empty(0)})) != ("Z.M",):
-        return None
-    from ..knobs.retention import Retention
-
-    if (not ret.linear or ret.alpha_shape != "head" or ret.per_token_transition
-            or type(ret).pre is not Retention.pre or type(ret).post is not Retention.post):
-        return None
-    if rule.anchor > 1:
-        return "anchored" if ret.gradient_at == "current" else None
-    if ret.gradient_at != "current" and (form != "gd" or rule.window != 1):
-        return None
-    return "exact"
+    None. Read from the rule's form (`atlas_core.forms.RuleForm`): ``exact`` is the rules with
+    the ``exact_chunk`` form and no anchor; ``anchored`` the anchored ones with ``linear_chunk``
+    on the one matrix ``M``, the l2 error, a scalar decay at the current memory, one position a
+    token."""
+    f = rule.form
+    if not f.anchored:
+        return "exact" if "exact_chunk" in f.chunk_forms else None
+    if ("linear_chunk" in f.chunk_forms and f.matrix_memory and f.error == "l2"
+            and f.retention_shape == "head" and f.gradient_at == "current" and f.steps_per_token == 1
+            and (f.update == "gd" or f.opt_keys == ("Z.M",))):
+        return "anchored"
+    return None
 
 
 @dataclass
@@ -124,7 +114,8 @@ class SliceMap:
         self.P, self.C = P, c.transpose(-1, -2)
 
     def read_grad(self, gy: torch.Tensor) -> torch.Tensor:
-        """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``."""
+        """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``, one
+        row per position (with sub-steps, `positions` spreads a token's over its sub-steps)."""
         total, before, lo = None, None, 0  # before: the product of the earlier runs' maps
         for run, lv in zip(self.runs, self.levels):
             N, C = run.Y.shape[2], run.Y.shape[3]
@@ -164,23 +155,36 @@ def _kron_eye(mix: torch.Tensor, d: int) -> torch.Tensor:
     return (mix[..., :, None, :, None] * eye[:, None, :]).reshape(*mix.shape[:-2], k * d, k * d)
 
 
+def positions(rule, gy: torch.Tensor) -> torch.Tensor:
+    """``gy [B, T, H, Dv]`` (the rule's outputs' gradient) as ``[B, H, T n, Dv]`` over the n
+    sub-steps of each token (``steps_per_token``): the token's gradient at its reading
+    sub-step, 0 at the others (their reads are dropped)."""
+    gy = gy.transpose(1, 2)
+    n = rule.steps_per_token
+    if n == 1:
+        return gy
+    out = gy.new_zeros(*gy.shape[:2], gy.shape[2] * n, gy.shape[3])
+    out[:, :, rule._substep()::n] = gy
+    return out
+
+
 # -- the exact (UT / WY) form ------------------------------------------------------------------------
 def _exact_run(rule, p, C: int) -> _Run:
     """`_Run` of a per-token rule (``anchor = 1``) by `core:exact_chunk`'s UT transform."""
     B, H, T = p.shape
-    C, c = max(1, min(C, T)), rule.window
-    mom = rule.algorithm.linear_form == "momentum"
+    C, c = max(1, min(C, T)), rule.form.window
+    mom = rule.form.momentum
     Dk = p.psi.shape[-1]
     xk, xv, xg = rule.extended_inputs(p)
     N = -(-T // C)
     pad = N * C - T
     last = C - 1 - pad
     lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
-    theta = F.pad(p.gates[_gate_name(rule, "step_size", "theta")], (0, pad)).unflatten(-1, (N, C))
+    theta = F.pad(_gate(rule, p, "step_size"), (0, pad)).unflatten(-1, (N, C))
     Q = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
-    gates = [p.alpha] + ([p.gates[_gate_name(rule, "momentum", "eta")]] if mom else [])
+    gates = [p.alpha] + ([_gate(rule, p, "momentum")] if mom else [])
     gates = F.pad(torch.stack(gates), (0, pad), value=1.0).unflatten(-1, (N, C))
-    after = rule.read == "after"
+    after = rule.form.read == "after"
     D = decay_matrix(gates)
     A = torch.cumprod(gates[0], dim=-1)
     L = D[0]
@@ -195,7 +199,7 @@ def _exact_run(rule, p, C: int) -> _Run:
     Kp = ex._shift_down(K, 0.0, dim=-2)
     Ap = ex._shift_down(A, 1.0, dim=-1)
     Kr, Ar = (K, A) if after else (Kp, Ap)
-    if rule.retention.gradient_at == "retained":
+    if rule.form.gradient_at == "retained":
         Kp, Ap = K.tril(-1), A
     if c == 1:
         w = theta * F.pad(xg, (0, pad)).unflatten(-1, (N, C)) * lag[0]
@@ -228,8 +232,8 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     """`_Run` of an anchored rule over ``p``, which starts on a chunk boundary (chunk i opens an
     anchor block when ``opens[i]``). Memory blocks of ``St``: M, Z.M (momentum), anchor.M."""
     B, H, T = p.shape
-    c = rule.window
-    mom = rule.algorithm.linear_form == "momentum"
+    c = rule.form.window
+    mom = rule.form.momentum
     Dk, Dv = p.psi.shape[-1], p.v.shape[-1]
     xk, xv, xg = rule.extended_inputs(p)
     N = -(-T // C)
@@ -239,7 +243,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     chunked = lambda x, value: F.pad(x, (0, pad), value=value).unflatten(-1, (N, C))  # noqa: E731
     alpha = chunked(p.alpha, 1.0)
     L, A = decay_matrix(alpha), torch.cumprod(alpha, dim=-1)
-    theta = chunked(p.gates[_gate_name(rule, "step_size", "theta")], 0.0)
+    theta = chunked(_gate(rule, p, "step_size"), 0.0)
     m = C + c - 1
 
     def ext(x):  # each chunk's extended positions: [B, H, N, C + c - 1, ...]
@@ -253,10 +257,10 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     else:
         TW = theta.unsqueeze(-1) * window_matrix(ext(xg), lag, C)  # [B, H, N, C, m]
         mul = lambda D: D @ TW  # noqa: E731
-    after = rule.read == "after"
+    after = rule.form.read == "after"
     shift = lambda x, first: ex._shift_down(x, first, dim=-2)  # noqa: E731
     if mom:
-        eta = chunked(p.gates[_gate_name(rule, "momentum", "eta")], 1.0)
+        eta = chunked(_gate(rule, p, "momentum"), 1.0)
         KZ = mul(decay_matrix(eta))
         K = L @ KZ
         Pe = torch.cumprod(eta, dim=-1)
@@ -317,7 +321,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     kind = analytic_form(rule)
     if kind is None:
         raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
-    mom = rule.algorithm.linear_form == "momentum"
+    mom = rule.form.momentum
     if kind == "exact":
         want = ["M", "Z.M"] if mom else ["M"]
     else:
@@ -331,9 +335,10 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         return SliceMap([_Run(eye, p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
                               p.v.new_zeros(*p.shape[:2], 1, 1, n), 0)])
     if kind == "exact":
-        return SliceMap([_exact_run(rule, p, chunk_size or EXACT_CHUNK)])
-    A = int(rule.anchor)
-    C = chunk_size or Chunkwise.chunk_for_anchor(A)
+        c = rule.form.window
+        return SliceMap([_exact_run(rule, p, chunk_size or (MAP_CHUNK if c == 1 else max(4, 2 * MAP_CHUNK // c)))])
+    A = rule.form.anchor
+    C = chunk_size or max(d for d in range(1, min(A, MAP_CHUNK) + 1) if A % d == 0)
     if A % C:
         raise ValueError(f"chunk_size={C} must divide the anchor {A}")
     pos = rule.position(p)
@@ -341,9 +346,9 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     runs, parts = [], []
     if head:
         first, rest = p.split(head)
-        if rule.window > 1:  # the rest's carried window: the last c - 1 inputs after the head
+        if rule.form.window > 1:  # the rest's carried window: the last c - 1 inputs after the head
             xk, xv, xg = rule.extended_inputs(first)
-            c = rule.window
+            c = rule.form.window
             rest = replace(rest, state={**rest.state, "window.k": xk[:, :, -(c - 1):],
                                         "window.v": xv[:, :, -(c - 1):],
                                         "window.gamma": xg[:, :, -(c - 1):]})

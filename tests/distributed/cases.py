@@ -15,6 +15,10 @@ CASES = {
     # the gradient at the decayed memory (affine too, chosen from the knobs' declared traits)
     "gated_deltanet": {"use": "zoo:gated_deltanet"},
     "titans_deep_anchor4": {"use": "titans:titans_deep", "anchor": 4},
+    # per-key decay: affine, no chunk form in state_map (the map is probed)
+    "kda": {"use": "zoo:kda"},
+    # two sub-steps a token: the map's positions are sub-steps
+    "gated_delta_product": {"use": "zoo:gated_delta_product"},
 }
 
 
@@ -34,12 +38,16 @@ def inputs(rule, seed: int = 1) -> dict:
     def rnd(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
+    n = rule.steps_per_token  # k, v and the step gates: [B, T, n, ...] with sub-steps
+    sub = (n,) if n > 1 else ()
     q = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1)
-    k = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1)
-    v = rnd(B, T, H, D)
+    k = torch.nn.functional.normalize(rnd(B, T, *sub, H, D), dim=-1)
+    v = rnd(B, T, *sub, H, D)
     gates = {}
     for name in rule.gate_names:
-        x = torch.rand(B, T, H, generator=g, dtype=torch.float64)
+        per_key = (D,) if rule._gate_shapes.get(name) == "key" else ()
+        x = torch.rand(B, T, *(sub if name in rule.step_gates else ()), H, *per_key, generator=g,
+                       dtype=torch.float64)
         gates[name] = 0.05 + 0.15 * x if name == "theta" else 0.6 + 0.35 * x
     state = {}
     for key, x in rule.init_state(B, dtype=torch.float64).items():

@@ -18,7 +18,7 @@ import torch
 import atlas_core as ac
 
 from atlas_core.distributed import affine_reason, mode_for
-from atlas_core.train.distributed import spawn
+from atlas_core.train.data_parallel import spawn
 
 from . import cases
 

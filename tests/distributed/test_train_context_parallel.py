@@ -12,7 +12,7 @@ from atlas_core.errors import SpecError
 from atlas_core.train.checkpoint import load_checkpoint
 from atlas_core.train.metrics import read_metrics
 from atlas_core.train.setup import TrainOptions
-from atlas_core.train.trainer import train
+from atlas_core.train.launch import train
 
 SPEC = {
     "schema": "atlas/1",

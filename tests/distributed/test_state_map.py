@@ -1,0 +1,166 @@
+"""The slice map from the rule's chunk form (`atlas_core.distributed.state_map`) equals the map
+measured by running the rule (`context._probe`), in float64 to 1e-10, for every family it covers:
+the delta rule (read after and before), Gated DeltaNet (gradient at the decayed memory), Longhorn
+(a key-dependent weight), Gated DeltaProduct (2 sub-steps a token), Titans' momentum with and
+without an anchor, an Omega window with and without an anchor, gd with decay and an anchor.
+Slices start at several positions inside anchor blocks and span several chunks (small chunk
+sizes); the map of a slice equals the composition of its two halves' maps (split calls); the
+gradient of the slice's outputs with respect to its initial memory (`SliceMap.read_grad`) equals
+autograd's. One process: the maps are per rank (tests/distributed/test_context_parallel.py
+checks whole runs over 2 and 4 ranks)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import atlas_core as ac
+from atlas_core.distributed import context as cx
+from atlas_core.distributed.state_map import analytic_form, positions, slice_map
+
+B, H, D = 2, 2, 4
+LINEAR = {"structure": "core:linear", "bias": "core:l2"}
+FAMILIES = {
+    "delta": ({**LINEAR, "algorithm": "core:gd"}, "exact"),
+    "delta_before": ({**LINEAR, "algorithm": "core:gd", "read": "before"}, "exact"),
+    "gated_deltanet": ({"use": "zoo:gated_deltanet"}, "exact"),
+    "longhorn": ({"use": "zoo:longhorn"}, "exact"),
+    "gated_delta_product": ({"use": "zoo:gated_delta_product"}, "exact"),
+    "titans": ({"use": "titans:titans"}, "exact"),
+    "titans_before": ({"use": "titans:titans", "read": "before"}, "exact"),
+    "omeganet": ({"use": "omega:omeganet"}, "exact"),
+    "titans_anchor4": ({"use": "titans:titans", "anchor": 4}, "anchored"),
+    "titans_anchor8_before": ({"use": "titans:titans", "anchor": 8, "read": "before"}, "anchored"),
+    "omeganet_anchor8": ({"use": "omega:omeganet", "anchor": 8}, "anchored"),
+    "gd_decay_anchor4": ({**LINEAR, "algorithm": "core:gd", "retention": "core:decay", "anchor": 4},
+                         "anchored"),
+}
+
+
+def _rule(name):
+    torch.manual_seed(0)
+    return ac.build_rule(dict(FAMILIES[name][0]), heads=H, d_key=D, d_value=D).double()
+
+
+def _inputs(rule, T: int, pos: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    n = rule.steps_per_token
+    sub = (n,) if n > 1 else ()
+    q = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1)
+    k = torch.nn.functional.normalize(rnd(B, T, *sub, H, D), dim=-1)
+    v = rnd(B, T, *sub, H, D)
+    gates = {}
+    for name in rule.gate_names:
+        shape = (B, T, *sub, H) if name in rule.step_gates else (B, T, H)
+        x = torch.rand(*shape, generator=g, dtype=torch.float64)
+        gates[name] = 0.05 + 0.15 * x if name == "theta" else 0.6 + 0.35 * x
+    state = {}
+    for key, x in rule.init_state(B, dtype=torch.float64).items():
+        if key == cx.ANCHOR_POS:
+            state[key] = torch.full_like(x, float(pos % rule.anchor))
+        elif key == "window.gamma":
+            state[key] = torch.rand(x.shape, generator=g, dtype=torch.float64)
+        else:
+            state[key] = x + 0.3 * rnd(*x.shape)
+    return q, k, v, gates, state
+
+
+def _split(state):
+    keys = sorted(state)
+    memory = [key for key in keys if key not in cx.CARRIED]
+    return memory, {key: state[key] for key in keys if key in cx.CARRIED}
+
+
+def _probed(rule, q, k, v, gates, state):
+    memory, carried = _split(state)
+    call = types.SimpleNamespace(memory_keys=memory, run=lambda q, k, v, g, s: rule(
+        q, k, v, gates=g or None, state=s, strategy="core:sequential"))
+    return cx._probe(call, q, k, v, gates, carried, cx._rows(state, memory))
+
+
+def _analytic(rule, q, k, v, gates, state, chunk):
+    memory, _ = _split(state)
+    return slice_map(rule, rule.prepare(q, k, v, gates or None, state), memory, chunk_size=chunk)
+
+
+def _chunks(rule):
+    return (1, 3, None) if analytic_form(rule) == "exact" else (1, 2, None)
+
+
+def _close(a, b, msg):
+    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=msg)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_form_covers_the_family(name):
+    assert analytic_form(_rule(name)) == FAMILIES[name][1]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_map_equals_the_probed_map(name):
+    rule = _rule(name)
+    for T, pos in ((13, 0), (30, 1), (5, 3), (16, 0), (21, 6)):
+        x = _inputs(rule, T, pos)
+        P, C = _probed(rule, *x)
+        for chunk in _chunks(rule):
+            sm = _analytic(rule, *x, chunk)
+            _close(sm.P, P, f"{name} P, T = {T}, pos = {pos}, chunk = {chunk}")
+            _close(sm.C, C, f"{name} C, T = {T}, pos = {pos}, chunk = {chunk}")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_map_of_split_calls_composes(name):
+    """Two calls, the second from the state the first leaves: their maps compose to the map of
+    the one call on the whole slice."""
+    rule = _rule(name)
+    T, cut = 23, 9
+    q, k, v, gates, state = _inputs(rule, T, pos=1)
+    whole = _analytic(rule, q, k, v, gates, state, None)
+    head = [x[:, :cut] for x in (q, k, v)], {n: g[:, :cut] for n, g in gates.items()}
+    tail = [x[:, cut:] for x in (q, k, v)], {n: g[:, cut:] for n, g in gates.items()}
+    first = _analytic(rule, *head[0], head[1], state, None)
+    _, mid = rule(*head[0], gates=head[1] or None, state=state, strategy="core:sequential")
+    second = _analytic(rule, *tail[0], tail[1], mid, None)
+    _close(second.P @ first.P, whole.P, f"{name} P")
+    _close(first.C @ second.P.transpose(-1, -2) + second.C, whole.C, f"{name} C")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_read_grad_equals_autograd(name):
+    rule = _rule(name)
+    for T, pos in ((13, 0), (22, 3)):
+        q, k, v, gates, state = _inputs(rule, T, pos)
+        memory, carried = _split(state)
+        rows = cx._rows(state, memory).clone().requires_grad_(True)
+        y, _ = rule(q, k, v, gates=gates or None, state={**carried, **cx._unrows(rows, memory)},
+                    strategy="core:sequential")
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        (want,) = torch.autograd.grad((y * gy).sum(), rows)
+        for chunk in _chunks(rule):
+            got = _analytic(rule, q, k, v, gates, state, chunk).read_grad(positions(rule, gy))
+            _close(got, want, f"{name} T = {T}, pos = {pos}, chunk = {chunk}")
+
+
+def test_empty_slice_is_the_identity():
+    rule = _rule("titans_anchor4")
+    q, k, v, gates, state = _inputs(rule, 0, pos=2)
+    sm = _analytic(rule, q, k, v, gates, state, None)
+    n = 3 * D
+    _close(sm.P, torch.eye(n, dtype=torch.float64).expand(B, H, n, n), "P")
+    _close(sm.C, torch.zeros(B, H, D, n, dtype=torch.float64), "C")
+
+
+def test_rules_without_a_form_are_probed():
+    """An affine rule outside the forms (per-key decay, KDA) gets None and `context` probes it
+    (tests/distributed/test_context_parallel.py runs it); a deep memory has no form."""
+    assert analytic_form(ac.build_rule({"use": "zoo:kda"}, heads=H, d_key=D, d_value=D)) is None
+    deep = ac.build_rule({"use": "titans:titans_deep"}, heads=H, d_key=D, d_value=D)
+    assert analytic_form(deep) is None
+    with pytest.raises(ValueError, match="no chunk form here"):
+        slice_map(deep, None, ["M"])
