@@ -101,9 +101,9 @@ def test_logits_equal_fla(imported):
 
 @pytest.mark.parametrize("family, over", [
     ("retnet", {"use_output_gate": False}),
-    ("retnet", {"fuse_norm": False, "expand_k": 0.5, "expand_v": 1.0}),
+    ("retnet", {"fuse_norm": False, "expand_k": 0.5, "expand_v": 1.0, "elementwise_affine": False}),
     ("linear_attn", {"feature_map": "hedgehog"}),
-    ("linear_attn", {"feature_map": "t2r"}),
+    ("linear_attn", {"feature_map": "t2r", "elementwise_affine": False}),
     ("linear_attn", {"feature_map": "elu"}),
     ("linear_attn", {"feature_map": "hedgehog", "tie_feature_map_qk": True}),
 ])
