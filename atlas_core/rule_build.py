@@ -1,7 +1,8 @@
 """Building rules from specs: knob values, a preset, or a standalone rule (`build_rule`).
 
-Every problem is collected into one `SpecError` at its dotted path. The rule classes and the call
-contract are in `atlas_core.rule`, which re-exports `build_rule`.
+Every problem is collected into one `SpecError` at its dotted path. The rule classes are in
+`atlas_core.composed_rule` and `atlas_core.rule_base`; `atlas_core.rule` (the call contract)
+re-exports `build_rule`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .errors import Issue, SpecError, did_you_mean
-from .rule import KNOB_DEFAULTS, KNOB_KINDS, RULE_KEYS, ComposedRule, Rule, check_anchor, check_steps
+from .composed_rule import KNOB_DEFAULTS, KNOB_KINDS, RULE_KEYS, ComposedRule, check_anchor, check_steps
+from .rule_base import Rule
 
 
 # -- building -----------------------------------------------------------------------------------
