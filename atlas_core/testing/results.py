@@ -95,19 +95,6 @@ class Check:
         stop = "" if text.endswith((".", "?", "!")) else "."
         return f"{text}{stop} Contract: {self.clause} See {self.anchor}"
 
-    def __call__(self, subject: Any) -> None:
-        """Run on a resolved subject (what `parametrize_with_checks` hands to a test):
-        raises `CheckFailed` on failure; a skip becomes ``pytest.skip`` under pytest."""
-        from .runner import run_one
-
-        result = run_one(self, subject)
-        if result.status == "failed":
-            raise CheckFailed(self.name, result.message)
-        if result.status == "skipped":
-            import pytest  # only reached under pytest
-
-            pytest.skip(result.reason)
-
     def __repr__(self) -> str:  # pytest ids never use this (ids are built from names)
         return f"<check {self.name}>"
 

@@ -7,11 +7,28 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 import warnings
 from typing import Any, Iterable, Mapping
 
 from .cases import Case, declared_cases
 from .results import Check, CheckFailed, CheckResult, Failure
+
+
+@dataclass(frozen=True, repr=False)
+class RunnableCheck(Check):
+    """A check of the catalogue as `catalogue` hands it out: callable on a subject."""
+
+    def __call__(self, subject: Any) -> None:
+        """Run on a resolved subject (what `parametrize_with_checks` hands to a test):
+        raises `CheckFailed` on failure; a skip becomes ``pytest.skip`` under pytest."""
+        result = run_one(self, subject)
+        if result.status == "failed":
+            raise CheckFailed(self.name, result.message)
+        if result.status == "skipped":
+            import pytest  # only reached under pytest
+
+            pytest.skip(result.reason)
 
 
 def catalogue() -> dict[str, Check]:
@@ -25,7 +42,8 @@ def catalogue() -> dict[str, Check]:
             if isinstance(getattr(check, "name", None), str) and callable(obj):
                 if check.name in found and found[check.name].fn is not obj:
                     raise RuntimeError(f"two checks are named {check.name!r}")
-                found[check.name] = check
+                found[check.name] = RunnableCheck(check.name, check.clause, check.fn, check.kinds,
+                                                  check.applies)
     order = [
         "check_resolves_by_name", "check_params_forbid_extra_keys", "check_params_roundtrip_toml",
         "check_entry_module_light", "check_capabilities_hold", "check_dtype_follows_inputs",

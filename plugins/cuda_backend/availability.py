@@ -67,17 +67,6 @@ def tensors_runnable(*tensors) -> tuple[bool, str]:
     return True, ""
 
 
-def device_guard(tensor):
-    """A context that makes ``tensor``'s CUDA device the current one for a launch (Triton launches
-    on the current device: without it, tensors on ``cuda:1`` would run on ``cuda:0``); a no-op for
-    CPU tensors under the interpreter."""
-    import contextlib
-
-    import torch
-
-    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
-
-
 def launch_errors() -> tuple[type[BaseException], ...]:
     """What a kernel launch raises when a configuration cannot compile or run on this device:
     too much shared memory or too many threads (``OutOfResources``), ptxas or Triton compile

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .availability import device_guard
-from .backend_chunk import DTYPES, MAX_CHUNK, MAX_EXTENDED, MAX_HEAD_DIM
+from .device import device_guard
+from .limits import DTYPES, MAX_CHUNK, MAX_EXTENDED, MAX_HEAD_DIM
 
 TF32_ENV = "ATLAS_TRITON_TF32"
 

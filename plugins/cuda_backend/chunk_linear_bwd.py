@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .availability import device_guard
+from .device import device_guard
 from .chunk_linear_fwd import chunk_coefficients
 
 

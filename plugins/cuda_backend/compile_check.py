@@ -232,7 +232,7 @@ def boundary_configs() -> list[KernelConfig]:
     forward; backward, the verifier's limits when gradients are needed (`backend_chunk`: Dk <= 64,
     rows x Dk <= 4096, momentum rows <= 64): Dk = 64 without a window, 32 with 128 rows (gd), and
     with momentum C = 32, c = 33 (64 rows) at Dk = 64."""
-    from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE, MAX_HEAD_DIM
+    from .limits import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE, MAX_HEAD_DIM
 
     out = []
     for direction in ("fwd", "bwd"):
@@ -254,7 +254,7 @@ def kernel_configs(dims=(16, 32, 64, 128), chunks=(16, 32, 64), windows=(1, 16),
     """The full matrix for the script: every direction x dtype x momentum x window x D x C the
     backend dispatches (the backward within the verifier's limits for calls with gradients), and
     the MRU kernels at d = 16, 32, 64."""
-    from .backend_chunk import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE
+    from .limits import MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_TILE
 
     def pow2(n):
         return max(16, 1 << (n - 1).bit_length())

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .availability import device_guard
+from .device import device_guard
 from .chunk_linear import precision_for
 
 MAX_D = 64

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .device import device_guard
+
 
 @triton.jit
 def probe_kernel(x, y, PREC: tl.constexpr):
@@ -20,8 +22,6 @@ def probe_kernel(x, y, PREC: tl.constexpr):
 def run_probe(device: str) -> None:
     """Launch the probe on ``device`` and check its product (small integers: exact in any
     precision); raises on any failure."""
-    from .availability import device_guard
-
     x = (torch.arange(256, dtype=torch.float32) % 7 - 3).reshape(16, 16).to(device)
     y = torch.empty_like(x)
     with device_guard(x):

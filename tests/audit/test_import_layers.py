@@ -46,3 +46,17 @@ def test_importing_the_core_loads_no_spec_module():
             "print(sorted(m for m in sys.modules if m.startswith('atlas_core.spec')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+#: where smaller circles used to be: the rule and its builders, the conformance kit (its runner and
+#: its checks), the CUDA plugin (the probe and its availability, the launchers and the verifier)
+CYCLE_FREE = ("atlas_core.rule", "atlas_core.rule_build", "atlas_core.composed_rule", "atlas_core.testing",
+              "atlas_plugins.cuda_backend")
+
+
+def test_no_import_cycle_runs_through_the_rule_the_kit_or_the_cuda_plugin():
+    def inside(module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in CYCLE_FREE)
+
+    through = [sorted(c) for c in cycles(edges()) if any(inside(m) for m in c)]
+    assert not through, through
