@@ -68,11 +68,10 @@ Per-key decay (``alpha_shape = "key"``: GLA, KDA) and the dot bias run through
 `key_decay_chunk.run_key_decay` (docs/math.md, "Exact chunked forms" (e)): gd with a one-token
 window, the l2 bias (gradient at the current or the decayed memory) or the dot bias.
 
-Refused (``supports``): other algorithms, biases other than l2 and dot (lp / huber), the dot bias
-or per-key decay with momentum or a window, nonlinear retention, other structures (deep memory),
-anchored rules (``anchor > 1``: run by ``core:chunkwise``). Tensors: ``p.psi, p.phik: [B, H, T, Dphi]``, ``p.v: [B, H, T, Dv]``, gates
-``[B, H, T]``, state ``{"M": [B, H, Dv, Dphi]}`` plus ``"Z.M"`` (momentum) and ``"window.*"``
-(c > 1).
+`run_exact` computes a rule whose form has ``"exact_chunk"`` (`atlas_core.forms.RuleForm`); the
+step size and momentum gates are read by role. Tensors: ``p.psi, p.phik: [B, H, T, Dphi]``,
+``p.v: [B, H, T, Dv]``, gates ``[B, H, T]``, state ``{"M": [B, H, Dv, Dphi]}`` plus ``"Z.M"``
+(momentum) and ``"window.*"`` (c > 1).
 """
 
 from __future__ import annotations
