@@ -165,12 +165,12 @@ def _spec_to_train(spec: Any, ovs: list[Override], resume: str | None, out: str 
 
 
 def _resumed_spec(resume: str, out: str | None, progress: bool, ovs: list[Override]):
-    """The spec a resume without SPEC trains (the run's, as `atlas_core.train.trainer.train` picks
+    """The spec a resume without SPEC trains (the run's, as `atlas_core.train.launch.train` picks
     it, with its checks), with ``ovs`` applied to its resolved tables."""
     from .spec.overrides import load_with_overrides
     from .train.checkpoint_preflight import checked_load_checkpoint
     from .train.setup import TrainOptions, _refuse_stored_files
-    from .train.trainer import restart_unsaved
+    from .train.launch import restart_unsaved
 
     restarted, _ = restart_unsaved(TrainOptions(resume=resume, out=out, progress=progress))
     if restarted.spec is not None:  # a run stopped before its first checkpoint: its spec.toml
@@ -219,9 +219,9 @@ def train(
     progress bar on stderr; ``on_step(trainer)``: called after every step (one process only).
     Other keywords that name a launch option of `atlas_core.train.setup.TrainOptions` (such as
     the data-parallel engine) are passed to it. Overrides: see the module docstring. Ctrl-C saves a checkpoint and raises
-    `atlas_core.train.trainer.TrainingInterrupted`."""
+    `atlas_core.train.errors.TrainingInterrupted`."""
     from .train.setup import TrainOptions
-    from .train.trainer import train as run_training
+    from .train.launch import train as run_training
 
     launch = {k: keywords.pop(k) for k in list(keywords) if k in _launch_options()}
     ovs = collect_overrides(overrides, keywords, steps=steps, lr=lr, batch_size=batch_size,

@@ -233,8 +233,6 @@ class MemoryBlock(nn.Module):
     ``x + MLP(RMSNorm(x))``. ``forward(x, state, keep_state) -> (x, state)``; with
     ``cu_seqlens`` the memory layer runs packed documents (the rest is per token)."""
 
-    packed = True  # takes cu_seqlens (what `LanguageModel.forward` asks of every block)
-
     def __init__(self, d_model: int, mlp_ratio: float, eps: float, memory, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.memory = memory
@@ -254,7 +252,13 @@ class MemoryBlock(nn.Module):
 class LanguageModel(MemoryLM):
     """Embedding, blocks (each ``forward(x, state, keep_state) -> (x, state)``), final norm, head.
 
-    ``step(ids, state)`` continues from the carried state ``{"blocks": [...]}`` (None at the start)."""
+    ``step(ids, state)`` continues from the carried state ``{"blocks": [...]}`` (None at the start).
+    Every block takes ``cu_seqlens`` (packed documents in one pass); a subclass whose blocks do not
+    sets `packs_in_one_pass` False, one whose blocks mix tokens otherwise than through their
+    memory layers (attention) sets `context_parallel` False."""
+
+    packs_in_one_pass = True
+    context_parallel = True
 
     def __init__(self, params: LMParams, blocks: list[nn.Module]) -> None:
         super().__init__()
@@ -287,17 +291,20 @@ class LanguageModel(MemoryLM):
     def step(self, ids: torch.Tensor, state: Any = None):
         return self._run(ids, state, keep_state=True)
 
+    def fsdp_units(self) -> list[nn.Module]:
+        return list(self.blocks)
+
     def forward(self, ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """``logits [B, T, vocab]``. ``cu_seqlens``: ``ids: [1, T]`` holds packed documents
         (`atlas_core.varlen`), each computed as if alone; blocks that take ``cu_seqlens`` (class
-        attribute ``packed``) run them in one pass, other models run each document separately."""
+        `packs_in_one_pass`) run them in one pass, other models run each document separately."""
         if cu_seqlens is None:
             return self._run(ids, None, keep_state=False)[0]
         from .varlen import check_cu_seqlens, per_document
 
         self.check_ids(ids)
         cu = check_cu_seqlens(cu_seqlens, ids.shape[1], ids.shape[0])
-        if all(getattr(b, "packed", False) for b in self.blocks):
+        if self.packs_in_one_pass:
             return self._run(ids, None, keep_state=False, cu_seqlens=cu_seqlens)[0]
         return per_document(lambda d: self._run(d, None, keep_state=False)[0], ids, cu)
 

@@ -12,11 +12,14 @@ params and ``ctx.options["spec"]`` (the resolved spec) and returns a `MemoryLM`.
   feeding a sequence in pieces with the carried state gives the logits of one full forward;
 - ``generate(prompt_ids, max_new_tokens, ...)`` decodes incrementally through `step`;
 - ``param_report() -> list[(name, count)]`` parameters per top-level block.
+
+What training needs to know about a model is declared on its class and read, never probed:
+`MemoryLM.packs_in_one_pass`, `MemoryLM.context_parallel` and `MemoryLM.fsdp_units`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +64,17 @@ class MemoryLM(nn.Module):
 
     spec: Any = None
     vocab_size: int
+    #: ``forward(ids, cu_seqlens=cu)`` runs the packed documents in one pass (else the base class
+    #: runs each document alone, equal lengths batched: the same logits, slower)
+    packs_in_one_pass: ClassVar[bool] = False
+    #: only its memory layers mix tokens, so context parallelism (`atlas_core.distributed.lm`,
+    #: ``atlas train --context-parallel``) can split its sequences along time
+    context_parallel: ClassVar[bool] = False
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """The submodules FSDP shards one at a time before the root (``--shard fsdp``): its
+        blocks; none by default (the root alone)."""
+        return []
 
     def step(self, ids: torch.Tensor, state: Any = None):
         raise NotImplementedError

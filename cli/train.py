@@ -69,7 +69,7 @@ def train(
 ) -> None:
     """Train a model on its spec's task (default: a small MQAR run) and print its accuracy."""
     from atlas_core.api import train as api_train
-    from atlas_core.train.trainer import TrainingInterrupted
+    from atlas_core.train.errors import TrainingInterrupted
 
     files, texts = split_words(words, at_most=1)
     if threads is not None:  # a number, or a string the spec check refuses with its message

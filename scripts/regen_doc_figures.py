@@ -45,7 +45,7 @@ def machine_line() -> str:
 def _train(spec: dict, out: Path) -> tuple[dict, float, float, list[dict]]:
     from atlas_core.train.metrics import read_metrics
     from atlas_core.train.setup import TrainOptions
-    from atlas_core.train.trainer import train
+    from atlas_core.train.launch import train
 
     t0, c0 = time.perf_counter(), time.process_time()
     result = train(TrainOptions(spec=spec, out=str(out), progress=False))

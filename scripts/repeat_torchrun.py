@@ -86,7 +86,7 @@ def check(proc: subprocess.CompletedProcess, out: Path, steps: int) -> list[str]
 
 def repeat(n: int, launcher: str, steps: int, timeout: float, echo=print) -> list[dict]:
     """Run ``n`` repetitions; one record per repetition (``ok``, ``problems``, ``seconds``)."""
-    from atlas_core.train.distributed import free_port
+    from atlas_core.train.data_parallel import free_port
 
     records = []
     with tempfile.TemporaryDirectory(prefix="atlas-repeat-") as tmp:

@@ -1,7 +1,8 @@
 """Context parallelism for a whole language model: every rank holds one time slice of each sequence.
 
-`enable(model, group)` makes each memory layer of a ``core:lm`` / ``titans:lmm`` model (the only
-layers there that mix tokens) run across the ranks of ``group``:
+`enable(model, group)` makes each memory layer of a model whose class declares
+`MemoryLM.context_parallel` (``core:lm`` / ``titans:lmm``: its memory layers are the only layers
+that mix tokens) run across the ranks of ``group``:
 
 - the layer's rule call goes through `context_parallel` (the rule's state crosses the slice
   boundaries; gradients come back);
@@ -26,17 +27,21 @@ import torch.distributed as dist
 from ..errors import Issue, SpecError
 from .context import context_parallel, mode_for
 
-SUPPORTED_ARCHS = ("core:lm", "titans:lmm")
 _MARK = "_context_parallel"
 
 
 def check_model(spec: Any, ranks: int, seq_len: int) -> None:
-    """Refuse a model or sequence length context parallelism cannot split (one clear error)."""
-    arch = spec.model.get("arch", "core:lm") if isinstance(spec.model, dict) else "core:lm"
-    if arch not in SUPPORTED_ARCHS:
+    """Refuse a model or sequence length context parallelism cannot split (one clear error). The
+    model is built on the meta device (no memory) to read its class's `context_parallel`."""
+    from ..model import build_model
+
+    with torch.device("meta"):
+        model = build_model(spec)
+    if not type(model).context_parallel:
+        arch = spec.model.get("arch")
         raise SpecError([Issue(
             "model.arch", f"--context-parallel splits sequences across memory layers only "
-            f"({', '.join(SUPPORTED_ARCHS)}); {arch} also attends across time", arch,
+            f"(core:lm, titans:lmm); {arch} also mixes tokens across time in other layers", arch,
             "train this architecture without --context-parallel")])
     layer = spec.layer if isinstance(getattr(spec, "layer", None), dict) else {}
     carried = max(int(layer.get("conv_size", 4)) - 1, 1)  # the convolution's carried inputs
@@ -90,15 +95,12 @@ def enable(model: torch.nn.Module, group=None, mode: str = "auto") -> int:
     group = group if group is not None else dist.group.WORLD
     count = 0
     for layer in model.modules():
-        if not isinstance(layer, MemoryLayer) or hasattr(layer, _MARK):
+        if not isinstance(layer, MemoryLayer) or _MARK in layer.__dict__:
             continue
         rule = layer.rule
         mode_for(rule, mode)  # an unknown or impossible mode fails here, before any run
         hooks = []
-        for conv in (getattr(layer, name, None) for name in ("q_conv", "k_conv", "v_conv")):
-            if conv is None:
-                continue
-
+        for conv in (layer.q_conv, layer.k_conv, layer.v_conv) if layer.use_conv else ():
             def pre(module, args, _n=conv.kernel - 1):
                 x, cache = args
                 if cache is None and _n > 0:

@@ -40,12 +40,13 @@ while it writes the run, so a second ``atlas train`` into the same directory is 
 instead of two writers racing, and the lock holder may tidy every temporary directory. The kernel
 drops the lock when the process dies, so a killed run never blocks the next one.
 
-Test hook: ``ATLAS_CHECKPOINT_KILL_AT=<point>[:<n>]`` SIGKILLs the process at ``<point>`` of its
-``n``-th save (default the first); the points, in order, are ``begin`` (the ``.partial``
-directory exists, empty), ``files`` (the first file written), ``manifest`` (every file but the
-manifest written), ``rename`` (complete, not yet renamed), ``swap`` (a re-save of a step: the old
-copy moved aside, the new one not yet in place) and ``prune`` (the new checkpoint in place,
-nothing pruned yet). Unset, it costs one environment lookup per save.
+Test hook: `save_checkpoint` calls ``at(point)`` at each point of the protocol, in order:
+``begin`` (the ``.partial`` directory exists, empty), ``files`` (after each file written),
+``manifest`` (every file but the manifest written), ``rename`` (complete, not yet renamed),
+``swap`` (a re-save of a step: the old copy moved aside, the new one not yet in place) and
+``prune`` (the new checkpoint in place, nothing pruned yet). The trainer passes `KillAt` when
+``ATLAS_CHECKPOINT_KILL_AT=<point>[:<n>]`` is set (`kill_hook_from_env`): it SIGKILLs the process
+at ``<point>`` of its ``n``-th save (default the first).
 
 Reading (`load_checkpoint`) accepts a checkpoint directory, a run directory or its
 ``checkpoints/`` directory (the latest complete checkpoint: the highest step among the
@@ -68,16 +69,17 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ..errors import AtlasError
+from .errors import CheckpointError
 from ..safe_files import FileRefusedError, check_regular_file, read_bounded
-# the run lock lives in run_dir.py; its names stay importable from here
+# the run directory's file operations (lock, atomic writes) live in run_dir.py; the lock's
+# names stay importable from here
 from .run_dir import (LOCK_FILE, RunLock, _pid_alive, _stale, claim_run_dir,  # noqa: F401
-                      holds_run_lock, write_text_atomic)
+                      fsync_dir, holds_run_lock, write_atomic, write_text_atomic)
 
 FORMAT = "atlas-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -91,11 +93,6 @@ _NEEDED = ("model.safetensors", "optimizer.safetensors", "state.safetensors", "m
 
 KILL_ENV = "ATLAS_CHECKPOINT_KILL_AT"
 KILL_POINTS = ("begin", "files", "manifest", "rename", "swap", "prune")
-_saves = 0  # save_checkpoint calls in this process, for the kill hook's ":<n>"
-
-
-class CheckpointError(AtlasError, ValueError):
-    """A checkpoint that cannot be used: missing, incomplete, corrupt or from another spec."""
 
 
 def arch_hash(spec: Any) -> str:
@@ -106,30 +103,6 @@ def arch_hash(spec: Any) -> str:
 
 
 # -- writing ------------------------------------------------------------------------------------
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory + os.replace."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the entries of directory ``path`` (created, renamed files) durable."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # a platform that cannot open a directory (Windows): nothing to sync
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # a filesystem that refuses fsync on a directory
-        pass
-    finally:
-        os.close(fd)
-
-
 def _tensor_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
     from safetensors.torch import save
 
@@ -140,9 +113,23 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:09d}"
 
 
-def _kill_target() -> tuple[str, int] | None:
-    """The ``(point, n)`` of ``ATLAS_CHECKPOINT_KILL_AT``, or None when unset."""
-    value = os.environ.get(KILL_ENV)
+class KillAt:
+    """A save hook that SIGKILLs the process at ``point`` of the ``n``-th save it sees (the
+    saves are counted at ``begin``, which every save reaches first)."""
+
+    def __init__(self, point: str, n: int = 1) -> None:
+        self.point, self.n, self.saves = point, n, 0
+
+    def __call__(self, point: str) -> None:
+        self.saves += point == "begin"
+        if (point, self.saves) == (self.point, self.n):
+            os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
+            os._exit(137)  # never go past the point, even where the signal is not immediate
+
+
+def kill_hook_from_env(environ: Any = None) -> KillAt | None:
+    """The `KillAt` that ``ATLAS_CHECKPOINT_KILL_AT=<point>[:<n>]`` asks for, or None when unset."""
+    value = (os.environ if environ is None else environ).get(KILL_ENV)
     if not value:
         return None
     point, _, nth = value.partition(":")
@@ -151,7 +138,7 @@ def _kill_target() -> tuple[str, int] | None:
             f"{KILL_ENV}={value!r}: expected <point> or <point>:<n> (n >= 1) with a point among "
             f"{', '.join(KILL_POINTS)}; unset it outside tests"
         )
-    return point, int(nth or 1)
+    return KillAt(point, int(nth or 1))
 
 
 def save_checkpoint(
@@ -164,18 +151,16 @@ def save_checkpoint(
     rng: dict[str, torch.Tensor],
     meta: dict[str, Any],
     keep: int = 2,
+    at: Callable[[str], None] | None = None,
 ) -> Path:
     """Write a complete checkpoint of ``step`` under ``run_dir/checkpoints``; returns its path.
 
-    The protocol (temporary directory, fsync, rename, prune) is in the module docstring."""
-    global _saves
-    _saves += 1
-    kill = _kill_target()
+    The protocol (temporary directory, fsync, rename, prune) is in the module docstring;
+    ``at(point)`` is called at each of its points (tests kill the process there: `KillAt`)."""
 
     def reached(point: str) -> None:
-        if kill is not None and kill == (point, _saves):
-            os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))
-            os._exit(137)  # never go past the point, even where the signal is not immediate
+        if at is not None:
+            at(point)
 
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -196,7 +181,7 @@ def save_checkpoint(
     }
     files = {}
     for name, data in blobs.items():
-        _write_atomic(partial / name, data)
+        write_atomic(partial / name, data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         reached("files")
     reached("manifest")
@@ -212,8 +197,8 @@ def save_checkpoint(
     }
     # Every file is fsync-ed before the manifest is written, so a manifest on disk always
     # describes files that are on disk; the manifest makes the directory complete.
-    _write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
-    _fsync_dir(partial)
+    write_atomic(partial / MANIFEST, json.dumps(manifest, indent=1).encode())
+    fsync_dir(partial)
     reached("rename")
     if final.exists():
         # The same step saved before (the final save after a periodic one, Ctrl-C right after
@@ -223,7 +208,7 @@ def save_checkpoint(
         os.replace(final, root / f".{final.name}.old-{os.getpid()}")
         reached("swap")
     os.replace(partial, final)
-    _fsync_dir(root)  # the new name is durable before anything older is deleted
+    fsync_dir(root)  # the new name is durable before anything older is deleted
     reached("prune")
     _prune(root, keep, step)
     return final
@@ -334,7 +319,7 @@ def recover_checkpoints(root: str | Path) -> list[Path]:
         os.replace(src, dst)
         adopted.append(dst)
     if adopted:
-        _fsync_dir(root)  # adopted names durable before the other copies are deleted
+        fsync_dir(root)  # adopted names durable before the other copies are deleted
     for child in root.iterdir():
         if _TEMP_DIR.match(child.name) and _stale(child.name, ours):
             shutil.rmtree(child, ignore_errors=True)

@@ -134,7 +134,7 @@ class _Renamed:
 def _train_all(loaded, root: Path, progress: bool, on_row, keep: bool) -> list[dict[str, Any]]:
     from ..model import build_model
     from .setup import TrainOptions
-    from .trainer import train
+    from .launch import train
 
     rows = []
     for i, spec in enumerate(loaded):

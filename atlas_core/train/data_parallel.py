@@ -40,11 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import AtlasError
-
-
-class DistributedError(AtlasError, RuntimeError):
-    """A worker process failed; the message is the worker's own error line."""
+from .errors import DistributedError, TrainingInterrupted
 
 
 @dataclass(frozen=True)
@@ -153,11 +149,12 @@ def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
 
 
 # -- engines ---------------------------------------------------------------------------------------
-def wrap(model: torch.nn.Module, info: DistInfo, mode: str, device: str) -> torch.nn.Module:
+def wrap(model: Any, info: DistInfo, mode: str, device: str) -> torch.nn.Module:
     """The module the training step calls: ``model`` itself for one process, else DDP around it
-    (rank 0's parameters are broadcast to every rank) or, with ``mode = "fsdp"``, ``model`` sharded
-    in place by FSDP2 (each block, then the root; ``step`` is registered so that decoding through
-    `MemoryLM.generate` gathers the parameters as ``forward`` does)."""
+    (rank 0's parameters are broadcast to every rank) or, with ``mode = "fsdp"``, ``model`` (a
+    `MemoryLM`) sharded in place by FSDP2 (each of its `fsdp_units`, then the root; ``step`` is
+    registered so that decoding through `MemoryLM.generate` gathers the parameters as ``forward``
+    does)."""
     if not info.active:
         return model
     if mode == "ddp":
@@ -170,12 +167,32 @@ def wrap(model: torch.nn.Module, info: DistInfo, mode: str, device: str) -> torc
 
     broadcast_module(model)  # the same initial weights on every rank before each takes its shard
     mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (info.world,))
-    for block in getattr(model, "blocks", ()):
+    for block in model.fsdp_units():  # declared by the model's class (`MemoryLM.fsdp_units`)
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    if hasattr(model, "step"):
-        register_fsdp_forward_method(model, "step")
+    register_fsdp_forward_method(model, "step")
     return model
+
+
+def engine(model: torch.nn.Module, info: DistInfo, mode: str, device: str,
+           context_parallel: int = 1) -> torch.nn.Module:
+    """The module a training step calls with N processes: with ``context_parallel`` > 1 the
+    memory layers first run across the ranks (`atlas_core.distributed.lm.enable`), then `wrap`."""
+    if context_parallel > 1:
+        from ..distributed.lm import enable
+
+        enable(model, dist.new_group(list(range(info.world))))
+    return wrap(model, info, mode, device)
+
+
+def rank_part(info: DistInfo, context_parallel: int, rows: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a global batch: its rows (`shard`), or with ``context_parallel`` > 1
+    its time slice of every row."""
+    if context_parallel > 1:
+        from ..distributed.lm import time_slice
+
+        return time_slice(rows, info.rank, info.world)
+    return shard(rows, info)
 
 
 def broadcast_module(model: torch.nn.Module) -> None:
@@ -268,8 +285,6 @@ def _worker(rank: int, world: int, port: int, device: str, threads: int,
         kind, value = "error", ("KeyboardInterrupt", "stopped by a second Ctrl-C", "")
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which re-raises
         kind, value = "error", (type(exc).__name__, str(exc), traceback.format_exc())
-        from .trainer import TrainingInterrupted
-
         if isinstance(exc, TrainingInterrupted):
             kind, value = "interrupted", (exc.step, str(exc.checkpoint) if exc.checkpoint else None)
     finally:
@@ -286,8 +301,6 @@ def spawn(fn: Callable, payload: Any, nproc: int, device: str, threads: int | No
     `TrainingInterrupted` (rank 0 saved the checkpoint). Ctrl-C in the parent is ignored while
     the workers, which see it too, stop at the end of their step and save."""
     import torch.multiprocessing as mp
-
-    from .trainer import TrainingInterrupted
 
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..errors import Issue, SpecError
 from ..host.registry import split_use
-from .distributed import SINGLE, DistInfo, all_reduce_sum, shard
+from .data_parallel import SINGLE, DistInfo, all_reduce_sum, shard
 from .tasks import IGNORE_INDEX, Task
 
 EVAL_SEED_OFFSET = 1_000_003

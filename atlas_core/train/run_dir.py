@@ -1,11 +1,13 @@
-"""A run directory's lock and its atomic files: one trainer per run directory, never a half
-written ``spec.toml``, and the test of whether a temporary directory still has a live writer
-(which checkpoint recovery, `atlas_core.train.checkpoint.recover_checkpoints`, relies on).
+"""The file operations of a run directory: its lock, atomic files and durable renames. One trainer
+per run directory, never a half written file, and the test of whether a temporary directory still
+has a live writer (which checkpoint recovery, `atlas_core.train.checkpoint.recover_checkpoints`,
+relies on).
 
 - `claim_run_dir` creates the run directory (with its ``spec.toml`` already inside, in one
   rename) and takes an exclusive ``flock`` on ``run.lock``; the kernel releases it however the
   process ends, so a killed run never leaves a stale lock;
-- `write_text_atomic` writes through a temporary file, fsync and rename;
+- `write_atomic` / `write_text_atomic` write through a temporary file, fsync and rename;
+  `fsync_dir` makes a directory's entries (created, renamed files) durable;
 - `_stale` says whether a ``.<name>.<kind>-<pid>`` directory belongs to no live writer.
 """
 
@@ -16,11 +18,38 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from .errors import CheckpointError
 
-def _fsync_dir(path: Path) -> None:
-    from .checkpoint import _fsync_dir as fsync
 
-    fsync(path)
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (created, renamed files) durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # a platform that cannot open a directory (Windows): nothing to sync
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a filesystem that refuses fsync on a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader (or a killed writer) never leaves it half
+    written: a temporary file in the same directory, fsync-ed, then renamed over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """`write_atomic` of ``text`` (UTF-8)."""
+    write_atomic(path, text.encode("utf-8"))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -83,8 +112,6 @@ def _lock(fh: Any, run_dir: Path) -> None:
         fh.seek(0)
         who = fh.read(32).strip()
         fh.close()
-        from .checkpoint import CheckpointError
-
         raise CheckpointError(
             f"{run_dir} is being trained by another process{f' (pid {who})' if who else ''}; "
             "wait for it to finish, stop it, or train into another directory (--out)"
@@ -105,14 +132,14 @@ def _create_with_spec(run_dir: Path, spec_text: str) -> Any:
     fh = open(tmp / LOCK_FILE, "a+")
     _lock(fh, run_dir)
     write_text_atomic(tmp / "spec.toml", spec_text)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     try:
         os.rename(tmp, run_dir)  # the open file and its lock move with the directory
     except OSError:  # created meanwhile by someone else: use it as it is
         fh.close()
         shutil.rmtree(tmp, ignore_errors=True)
         return None
-    _fsync_dir(run_dir.parent)
+    fsync_dir(run_dir.parent)
     return fh
 
 
@@ -174,14 +201,3 @@ def holds_run_lock(run_dir: str | Path) -> bool:
         return False
     return lock is not None and lock.held
 
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader (or a killed writer) never leaves it half
-    written: a temporary file in the same directory, fsync-ed, then renamed over ``path``."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -30,17 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import AtlasError, Issue, SpecError
+from ..errors import Issue, SpecError
+from .errors import RunDirError  # noqa: F401  (raised here; importable from here)
 from .checkpoint import Checkpoint, CheckpointError, _complete_steps, arch_hash
 from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
 from .metrics import METRICS_FILE
 from .params import TrainParams, train_params
 
 DEFAULT_SPEC = "default_mqar.toml"
-
-
-class RunDirError(AtlasError, ValueError):
-    """The output directory already holds a run, or cannot be used."""
 
 
 class RunComplete(Exception):
@@ -85,7 +82,7 @@ class TrainOptions:
     seed: int | None = None
     device: str | None = None
     progress: bool = True
-    shard: str = "ddp"  # the data-parallel engine: "ddp" or "fsdp" (atlas_core.train.distributed)
+    shard: str = "ddp"  # the data-parallel engine: "ddp" or "fsdp" (atlas_core.train.data_parallel)
     context_parallel: int = 1  # ranks that split each sequence along time (atlas_core.distributed)
     threads: tuple[int, str] | None = None  # (count, reason) the launcher chose for its workers
     run_dir_checked: bool = False  # set by the launcher once the directory was chosen

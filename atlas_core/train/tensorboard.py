@@ -17,17 +17,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import AtlasError
+from .errors import TensorBoardMissing
 
 TB_DIR = "tensorboard"
 _SCALARS = {
     "train": ("loss", "lr", "grad_norm", "tokens_per_s"),
     "eval": ("loss", "accuracy", "perplexity"),
 }
-
-
-class TensorBoardMissing(AtlasError, ImportError):
-    """``tensorboard = true`` without the tensorboard package."""
 
 
 class TensorBoardSink:

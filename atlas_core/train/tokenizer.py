@@ -18,16 +18,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..errors import AtlasError
+from .errors import TokenizerError  # noqa: F401  (raised here; importable from here)
 
 EOT = "<|endoftext|>"
 MIN_VOCAB = 260  # the 256 byte symbols of byte-level BPE, the special token and a few merges
 MAX_VOCAB = 1 << 20
 _INSTALL = "pip install 'atlas-ttm[data]' (tokenizers and datasets)"
-
-
-class TokenizerError(AtlasError, ValueError):
-    """A tokenizer that cannot be trained, read or used."""
 
 
 def _tokenizers():

@@ -68,6 +68,11 @@ class MRULM(MemoryLM):
         if p.tie_embeddings:
             self.head.weight = self.embed.weight
 
+    packs_in_one_pass = True
+
+    def fsdp_units(self) -> list[nn.Module]:
+        return list(self.layers)
+
     def forward(self, ids: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         """``logits [B, T, vocab]``; ``cu_seqlens``: ``ids: [1, T]`` holds packed documents, each
         computed as if alone (the MRU scan restarts at every boundary; the rest is per token)."""

@@ -166,7 +166,6 @@ def with_prefix(h: torch.Tensor, prefix: torch.Tensor, cu: list[int]):
 class AttentionBlock(nn.Module):
     """``x + SWA([p] || norm(x))``, then ``x + MLP(norm(x))``: a hybrid block without memory."""
 
-    packed = True  # takes cu_seqlens (packed documents)
 
     def __init__(self, d_model: int, heads: int, window: int, persistent: int, rotary_base: float,
                  mlp_ratio: float, eps: float, mlp: nn.Module | None = None) -> None:

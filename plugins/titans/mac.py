@@ -142,7 +142,8 @@ class MACBlock(nn.Module):
 
 
 class MAC(TitansLM):
-    pass
+    packs_in_one_pass = False  # segments count from each document's start: documents run alone
+    context_parallel = False  # its attention mixes tokens across time
 
 
 def build(params: MACParams, ctx) -> MAC:

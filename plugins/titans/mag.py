@@ -27,7 +27,7 @@ from .common import BranchGate, HybridParams, TitansLM, build_blocks, make_mlp, 
 
 
 class MAGBlock(nn.Module):
-    packed = True  # takes cu_seqlens: every document is a sequence of its own (p first)
+    """Takes ``cu_seqlens``: every document is a sequence of its own (p first)."""
 
     def __init__(self, p: HybridParams, memory) -> None:
         super().__init__()
@@ -69,7 +69,7 @@ class MAGBlock(nn.Module):
 
 
 class MAG(TitansLM):
-    pass
+    context_parallel = False  # its attention mixes tokens across time
 
 
 def build(params: HybridParams, ctx) -> MAG:

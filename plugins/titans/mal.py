@@ -25,7 +25,6 @@ from .common import HybridParams, TitansLM, build_blocks, make_mlp, run_memory
 
 
 class MALBlock(nn.Module):
-    packed = True  # takes cu_seqlens: every document is a sequence of its own (p first)
 
     def __init__(self, p: HybridParams, memory) -> None:
         super().__init__()
@@ -71,7 +70,7 @@ class MALBlock(nn.Module):
 
 
 class MAL(TitansLM):
-    pass
+    context_parallel = False  # its attention mixes tokens across time
 
 
 def build(params: HybridParams, ctx) -> MAL:

@@ -148,7 +148,7 @@ def test_a_bug_is_a_json_error_with_the_traceback_on_stderr(monkeypatch, tiny_fi
 
 def test_an_interrupted_run_is_a_json_error_with_exit_130(monkeypatch, tiny_file):
     import atlas_core.api as api
-    from atlas_core.train.trainer import TrainingInterrupted
+    from atlas_core.train.errors import TrainingInterrupted
 
     def interrupted(*a, **k):
         raise TrainingInterrupted(3, "/runs/x/checkpoints/step-000000003")

@@ -114,9 +114,22 @@ def test_bad_cu_seqlens_is_named(arch):
 
 @pytest.mark.parametrize("arch", ["titans:lmm", "titans:mag", "titans:mal"])
 def test_lmm_mag_mal_run_packed_documents_in_one_pass(arch):
-    """Every block of these models takes cu_seqlens itself (no per-document fallback)."""
+    """Every block of these models takes cu_seqlens itself: the class declares it, and a packed
+    row runs without the per-document fallback; MAC declares the fallback."""
+    import atlas_core.varlen as varlen
+
     model = ac.build_model(_spec(arch, "linear-exact4", memory_layers=[2])).double()
-    assert all(getattr(b, "packed", False) for b in model.blocks)
+    assert type(model).packs_in_one_pass
+    ids = torch.randint(0, V, (1, 12))
+
+    def fallback(*a, **k):
+        raise AssertionError("ran each document alone")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(varlen, "per_document", fallback)
+        model(ids, cu_seqlens=_cu((5, 7)))
+    mac = ac.build_model(_spec("titans:mac", "linear-exact4"))
+    assert not type(mac).packs_in_one_pass
 
 
 @pytest.mark.parametrize("per_document_prefix", [False, True])

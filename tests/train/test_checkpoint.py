@@ -12,7 +12,7 @@ from atlas_core.train.checkpoint import CheckpointError, load_checkpoint
 from atlas_core.train.optim import build_optimizer, load_optimizer_tensors, optimizer_tensors
 from atlas_core.train.params import train_params
 from atlas_core.train.setup import TrainOptions
-from atlas_core.train.trainer import train
+from atlas_core.train.launch import train
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_a_crash_while_saving_keeps_the_last_checkpoint(run, tiny_spec, monkeypa
     """The writer dies after two files of the next checkpoint: the latest complete one is still
     the step-6 checkpoint, it loads, and a resume from the run directory uses it."""
     before = _snapshot(run / "checkpoints" / "step-000000006")
-    real = ck._write_atomic
+    real = ck.write_atomic
     calls = []
 
     def dying(path, data):
@@ -92,11 +92,11 @@ def test_a_crash_while_saving_keeps_the_last_checkpoint(run, tiny_spec, monkeypa
             raise OSError("disk full (simulated)")
         real(path, data)
 
-    monkeypatch.setattr(ck, "_write_atomic", dying)
+    monkeypatch.setattr(ck, "write_atomic", dying)
     with pytest.raises(OSError, match="simulated"):
         train(TrainOptions(resume=str(run), steps=8, progress=False))
     assert calls[:2] == ["model.safetensors", "optimizer.safetensors"]
-    monkeypatch.setattr(ck, "_write_atomic", real)
+    monkeypatch.setattr(ck, "write_atomic", real)
 
     ckpt = load_checkpoint(run)
     assert ckpt.step == 6

@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from atlas_core.errors import SpecError
-from atlas_core.train import distributed
+from atlas_core.train import data_parallel as distributed
 from atlas_core.train.checkpoint import load_checkpoint
 from atlas_core.train.inference import open_checkpoint
 from atlas_core.train.metrics import read_metrics
 from atlas_core.train.setup import TrainOptions, make_plan
-from atlas_core.train.trainer import Trainer, train
+from atlas_core.train.launch import train
+from atlas_core.train.trainer import Trainer
 
 STEPS = 20
 PROMPT = [[1, 2, 3, 4, 5, 6, 7, 8]]

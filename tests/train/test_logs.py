@@ -11,10 +11,10 @@ from atlas_core.model import build_model
 from atlas_core.spec import load_spec
 from atlas_core.strategies.trust import parallel_note
 from atlas_core.train import metrics as metrics_mod
-from atlas_core.train import trainer as trainer_mod
+from atlas_core.train import report as report_mod, trainer as trainer_mod
 from atlas_core.train.metrics import duration, read_metrics
 from atlas_core.train.setup import TrainOptions
-from atlas_core.train.trainer import train
+from atlas_core.train.launch import train
 
 
 def _lines(capfd) -> list[str]:
@@ -61,7 +61,7 @@ def test_a_run_logs_start_every_evaluation_and_a_summary(tmp_path, tiny_spec, ca
 def test_the_same_lines_when_stderr_is_a_terminal(tmp_path, tiny_spec, capfd, monkeypatch):
     _train(tmp_path, tiny_spec, "plain", progress=True)  # stderr is a pipe: no bar
     plain = _lines(capfd)
-    monkeypatch.setattr(trainer_mod, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(trainer_mod, "is_terminal", lambda stream: True)
     _train(tmp_path, tiny_spec, "tty", progress=True)
     tty = _lines(capfd)
 
@@ -74,7 +74,7 @@ def test_the_same_lines_when_stderr_is_a_terminal(tmp_path, tiny_spec, capfd, mo
 
 
 def test_a_long_run_is_warned_about_after_its_first_steps(tmp_path, tiny_spec, capfd, monkeypatch):
-    monkeypatch.setattr(trainer_mod, "LONG_RUN_S", 0.0)  # every run counts as long
+    monkeypatch.setattr(report_mod, "LONG_RUN_S", 0.0)  # every run counts as long
     out, _ = _train(tmp_path, tiny_spec)
     lines = _lines(capfd)
     warnings = [line for line in lines if line.startswith("warning: this run is projected")]
@@ -100,7 +100,7 @@ def test_estimate_line_states_the_projection():
 
 
 def test_a_resumed_run_says_which_steps_it_trains(tmp_path, tiny_spec, capfd):
-    from atlas_core.train.trainer import TrainingInterrupted
+    from atlas_core.train.errors import TrainingInterrupted
 
     def stop(t):
         if t.step == 2:

@@ -19,7 +19,7 @@ from atlas_core.train.setup import TrainOptions
 from atlas_core.train.tasks import IGNORE_INDEX
 from atlas_core.train.tasks.text import TextTask
 from atlas_core.train.tokenizer import eot_id, train_bpe
-from atlas_core.train.trainer import train
+from atlas_core.train.launch import train
 from atlas_core.varlen import pack_rows
 
 from .conftest import TINY

@@ -21,7 +21,8 @@ from atlas_core.train import trainer as trainer_mod
 from atlas_core.train.metrics import read_metrics
 from atlas_core.train.params import train_params
 from atlas_core.train.setup import TrainOptions, default_spec_text, make_plan
-from atlas_core.train.trainer import CompileFailed, train
+from atlas_core.train.errors import CompileFailed
+from atlas_core.train.launch import train
 
 # docs/training.md ("Precision and compilation") states this bound: after 50 steps the bf16 run's
 # final eval loss is within 2 % of the fp32 run's.

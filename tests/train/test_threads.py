@@ -17,7 +17,7 @@ from atlas_core.train.metrics import start_line
 from atlas_core.train.params import train_params
 from atlas_core.train.setup import TrainOptions
 from atlas_core.train.threads import busy_fraction, describe, physical_cores, plan_threads
-from atlas_core.train.trainer import train
+from atlas_core.train.launch import train
 
 
 def test_a_number_wins_then_omp_num_threads_then_torchrun_then_the_idle_cores():

@@ -18,7 +18,9 @@ from atlas_core.train.optim import lr_at
 from atlas_core.train.params import train_params
 from atlas_core.train.setup import RunDirError, TrainOptions
 from atlas_core.train.tasks import TaskDataError, TaskFileNotFoundError
-from atlas_core.train.trainer import Trainer, TrainingInterrupted, train
+from atlas_core.train.errors import TrainingInterrupted
+from atlas_core.train.launch import train
+from atlas_core.train.trainer import Trainer
 
 
 def _losses(run_dir):

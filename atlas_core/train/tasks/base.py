@@ -23,18 +23,11 @@ from typing import Any, ClassVar, Mapping
 import torch
 from pydantic import ValidationError
 
-from ...errors import AtlasError, Issue, SpecError, did_you_mean
+from ...errors import Issue, SpecError, did_you_mean
+from ..errors import TaskDataError, TaskFileNotFoundError  # noqa: F401  (importable from here)
 from ...host.registry import Params
 
 IGNORE_INDEX = -100
-
-
-class TaskDataError(AtlasError, ValueError):
-    """A task's data cannot be used (an empty file, a window longer than the file, ...)."""
-
-
-class TaskFileNotFoundError(AtlasError, FileNotFoundError):
-    """A file a task was told to read does not exist."""
 
 
 class Task(ABC):
