@@ -6,10 +6,18 @@ and backward (a loss over every output); R = 1 is the plain rule call in one pro
 one process runs the plain rule call on T / R tokens (the slice's work without context
 parallelism). Reported, median of ``--repeat`` steps after one warm-up, slowest rank:
 
-- ``cpu s``: the CPU time of a rank's step (``time.process_time``: every thread of the process,
-  gloo's included; waiting for another rank costs none), and ``cpu x``: it over the one-process
-  slice's CPU time. This is the figure to read when the ranks share cores (R above the core
-  count): it is what the rank would take on a core of its own;
+- ``cpu s``: the CPU time of a rank's step in its own thread (``time.thread_time``; one thread
+  a process, and the CPU autograd runs its backward in the calling thread, so this is all of
+  the rank's computation), and ``cpu x``: it over the one-process slice's. This is the figure to
+  read when the ranks share cores (R above the core count): what the rank takes on a core of its
+  own;
+- ``Rp cpu``, ``cpu xR``: the same baseline measured as R plain processes at once, each on its
+  T / R tokens without context parallelism (slowest): the slices' work under the same sharing of
+  the cores as the R ranks (with R above the core count, processes that share a core slow each
+  other's CPU time down too: caches, the core's other hardware thread);
+- ``proc s``: the same over every thread of the process (``time.process_time``): it adds
+  gloo's own threads, which poll while a collective waits for a slower rank, so on shared cores
+  it grows with the waiting, not with the rank's work;
 - ``wall s``, ``wall x``: the same with wall-clock time (``time.perf_counter``; includes waiting
   for the other ranks and, with shared cores, their turns on the core);
 - ``tok/s``: T / the slowest rank's wall time;
@@ -95,37 +103,37 @@ def measure(payload, info) -> dict:
 
     from atlas_core.distributed import context_parallel, mode_for
 
-    name, T, repeat = payload
+    name, T, repeat, plain = payload
     rule = _rule(name)
     R, r = info.world, info.rank
     q, k, v, gates = _slice(rule, T, R, r)
     strategy = rule.default_strategy
 
-    def once() -> tuple[float, float]:
+    def once() -> tuple[float, float, float]:
         if R > 1:
             dist.barrier()  # start together: no rank's time includes another's warm-up
-        t0, c0 = time.perf_counter(), time.process_time()
-        if R == 1:
+        t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
+        if R == 1 or plain:
             y, _ = rule(q, k, v, gates=gates, strategy=strategy)
         else:
             y, _ = context_parallel(rule, q, k, v, gates, group=None, strategy=strategy)
         y.square().sum().backward()
-        c1 = time.process_time()
+        c1, p1 = time.thread_time(), time.process_time()
         if R > 1:
             dist.barrier()
-        return time.perf_counter() - t0, c1 - c0
+        return time.perf_counter() - t0, c1 - c0, p1 - p0
 
     once()  # warm-up
     base = _status("VmRSS")
     _reset_peak()
     runs = [once() for _ in range(repeat)]
-    out = {"wall": statistics.median(w for w, _ in runs), "cpu": statistics.median(c for _, c in runs),
-           "peak_mib": _status("VmHWM") - base, "mode": mode_for(rule) if R > 1 else "-"}
+    out = {"wall": statistics.median(x[0] for x in runs), "cpu": statistics.median(x[1] for x in runs),
+           "proc": statistics.median(x[2] for x in runs), "peak_mib": _status("VmHWM") - base, "mode": mode_for(rule) if R > 1 and not plain else "-"}
     if R > 1:
         every = [None] * R
         dist.all_gather_object(every, out)
         return {"wall": max(e["wall"] for e in every), "cpu": max(e["cpu"] for e in every),
-                "peak_mib": max(e["peak_mib"] for e in every), "mode": out["mode"]}
+                "proc": max(e["proc"] for e in every), "peak_mib": max(e["peak_mib"] for e in every), "mode": out["mode"]}
     return out
 
 
@@ -135,13 +143,15 @@ def measure_threads(payload, info) -> dict:
     return measure(tuple(rest), info)
 
 
-def run(name: str, T: int, R: int, repeat: int, threads: int) -> dict:
+def run(name: str, T: int, R: int, repeat: int, threads: int, plain: bool = False) -> dict:
+    """R ranks on T tokens; with ``plain``, R processes at once, each running the plain rule on
+    its T / R tokens (the slices' work alone, on the same shared cores)."""
     from atlas_core.train.data_parallel import SINGLE, spawn
 
     if R == 1:
         torch.set_num_threads(threads)
-        return measure((name, T, repeat), SINGLE)
-    return spawn(measure_threads, (name, T, repeat, threads), R, "cpu")
+        return measure((name, T, repeat, plain), SINGLE)
+    return spawn(measure_threads, (name, T, repeat, plain, threads), R, "cpu")
 
 
 def load() -> str:
@@ -165,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {os.cpu_count()} cores, {args.threads} thread(s) a process, torch "
           f"{torch.__version__}, heads {HEADS}, D {D}, batch 1, float32; {load()}")
     print(f"{'rule':26s} {'T':>6s} {'R':>2s} {'mode':>6s} {'cpu s':>7s} {'1p cpu':>7s} "
-          f"{'cpu x':>6s} {'wall s':>7s} {'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} "
-          f"{'MiB/rank':>8s}")
+          f"{'cpu x':>6s} {'Rp cpu':>7s} {'cpu xR':>6s} {'proc s':>7s} {'wall s':>7s} "
+          f"{'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} {'MiB/rank':>8s}")
     for name in args.rules:
         over: set[int] = set()
         for T in sorted(args.T):
@@ -176,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                           f"{args.budget:.0f} s a step)", flush=True)
                     continue
                 one = run(name, T // R, 1, args.repeat, args.threads)  # one process, the slice
+                alike = run(name, T, R, args.repeat, args.threads, plain=True)  # R of them at once
                 m = run(name, T, R, args.repeat, args.threads) if R > 1 else one
                 if m["wall"] > args.budget:
                     over.add(R)
                 print(f"{name:26s} {T:6d} {R:2d} {m['mode']:>6s} {m['cpu']:7.3f} {one['cpu']:7.3f} "
-                      f"{m['cpu'] / one['cpu']:6.2f} {m['wall']:7.3f} {one['wall']:7.3f} "
+                      f"{m['cpu'] / one['cpu']:6.2f} {alike['cpu']:7.3f} {m['cpu'] / alike['cpu']:6.2f} {m['proc']:7.3f} {m['wall']:7.3f} {one['wall']:7.3f} "
                       f"{m['wall'] / one['wall']:6.2f} {T / m['wall']:8.0f} {m['peak_mib']:8.0f}",
                       flush=True)
     print(f"# {load()}")

@@ -255,12 +255,17 @@ class _Affine(torch.autograd.Function):
     def forward(ctx, call: _Call, *tensors):
         s0, q, k, v, gates, params = call.unpack(tensors)
         keys = call.memory_keys
-        lengths = [int(x) for x in _gather(torch.tensor([q.shape[1]], device=q.device), call)]
+        lengths = None  # the slices' lengths: read by a window's check and the anchor position
+        if ANCHOR_POS in s0 or any(w in s0 for w in CARRIED[:3]):
+            lengths = [int(x) for x in _gather(torch.tensor([q.shape[1]], device=q.device), call)]
         carried = _carried_inputs(call, s0, q, k, v, gates, lengths)
         rows0 = _rows(s0, keys).detach()
         P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),
                                 {g: x.detach() for g, x in gates.items()}, carried, rows0)
-        Ps, Cs = _gather(P, call), _gather(C, call)
+        n = P.shape[-1]  # one all-gather of both: [B, H, n, n + Dv]
+        every = _gather(torch.cat([P, C.transpose(-1, -2)], dim=-1), call)
+        Ps = [x[..., :n] for x in every]
+        Cs = [x[..., n:].transpose(-1, -2) for x in every]
         rows = rows0
         for j in range(call.rank):  # the scan over the ranks before this one
             rows = rows @ Ps[j].transpose(-1, -2) + Cs[j]
@@ -296,7 +301,9 @@ class _Affine(torch.autograd.Function):
         else:
             (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
         g_loc = zeros if g_loc is None else g_loc
-        gl, gss = _gather(g_loc, call), _gather(g_S, call)
+        every = _gather(torch.cat([g_loc, g_S], dim=-2), call)  # one all-gather of both
+        Dv = g_loc.shape[-2]
+        gl, gss = [x[..., :Dv, :] for x in every], [x[..., Dv:, :] for x in every]
         # 2. the scan back: mu_{j} = g_j + (gS_j + mu_{j+1}) P_j, from the last rank down
         mu = torch.zeros_like(g_loc)
         for j in range(call.world - 1, call.rank, -1):
