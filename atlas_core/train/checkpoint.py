@@ -455,10 +455,28 @@ def _read_verified(ckpt: Path, name: str, entry: Any) -> bytes:
     return data
 
 
+_last_spec: tuple[Any, bytes, Any] | None = None  # (registry, spec.toml bytes, its resolved Spec)
+
+
+def _stored_spec(data: bytes) -> Any:
+    """The resolved spec of a checkpoint's ``spec.toml``. The same bytes read again with the same
+    registry (a resume reads its checkpoint twice: for the spec, then for the weights) are not
+    resolved again."""
+    global _last_spec
+    from ..host.manager import get_registry
+    from ..spec import load_spec
+
+    registry = get_registry()
+    if _last_spec is not None and _last_spec[0] is registry and _last_spec[1] == data:
+        return _last_spec[2]
+    spec = load_spec(data.decode(), registry=registry)
+    _last_spec = (registry, data, spec)
+    return spec
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """Find, verify and open a checkpoint (see the module docstring)."""
     from ..errors import SpecError
-    from ..spec import load_spec
 
     ckpt = find_checkpoint(path)
     try:
@@ -481,7 +499,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     except ValueError as exc:
         raise CheckpointError(f"{ckpt / 'meta.json'}: not JSON ({exc})") from None
     try:
-        spec = load_spec(blobs["spec.toml"].decode())
+        spec = _stored_spec(blobs["spec.toml"])
     except SpecError as exc:
         raise CheckpointError(f"{ckpt / 'spec.toml'}: the saved spec does not load here: {exc}") from None
     if spec.spec_hash != manifest.get("spec_hash"):

@@ -68,6 +68,21 @@ def test_atlas_train_resolves_its_spec_once(tmp_path, resolutions, extra):
     assert len(resolutions) == 1
 
 
+def test_a_resume_resolves_the_checkpoints_spec_once(tmp_path, resolutions):
+    """Resuming with --steps: the checkpoint's spec is resolved once (to verify it; the second
+    read of the checkpoint, for the weights, reuses it) and the override applied to it once."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(dump_toml(TINY))
+    app = make_app(plugin_apps=False)
+    args = ["train", str(spec), "--steps", "2", "--out", str(tmp_path / "run"), "--no-progress"]
+    assert CliRunner().invoke(app, args, catch_exceptions=False).exit_code == 0
+    resolutions.clear()
+    r = CliRunner().invoke(app, ["--format", "json", "train", "--resume", str(tmp_path / "run"),
+                                 "--steps", "3", "--no-progress"], catch_exceptions=False)
+    assert r.exit_code == 0 and json.loads(r.stdout)["steps"] == 3
+    assert len(resolutions) == 2
+
+
 def test_a_spec_object_is_trained_as_it_is(tmp_path, resolutions):
     import atlas_core
 
