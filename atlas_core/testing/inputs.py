@@ -21,8 +21,10 @@ import torch
 
 from .results import Failure, Skip
 
-# Gate ranges of the random calls (docs/math.md conventions): wide enough to exercise every term.
-RANDOM_GATES = {"alpha": (0.6, 1.0), "eta": (0.0, 0.9), "theta": (0.05, 0.5), "gamma": (0.5, 1.0)}
+# Gate ranges of the random calls by the gate's role (docs/math.md conventions: alpha, eta, theta,
+# gamma): wide enough to exercise every term; a gate without one of these roles draws OTHER_GATE.
+RANDOM_GATES = {"retention": (0.6, 1.0), "momentum": (0.0, 0.9), "step_size": (0.05, 0.5),
+                "weight": (0.5, 1.0)}
 OTHER_GATE = (0.2, 0.8)
 # "Default gates" of the stability check: the memory layer's initial gates, from each gate's
 # declaration (atlas_core.knobs.Gate): scale * activation(bias + 0.5 * noise) (docs/math.md,
@@ -53,7 +55,7 @@ def composed_inputs(rule, B: int, T: int, *, dtype, device, seed: int, mode: str
             noise = 0.5 * torch.randn(*shape, generator=g, dtype=torch.float64)
             flat[f"gates.{name}"] = gate.activate(gate.bias + noise)
         else:
-            lo, hi = RANDOM_GATES.get(name, OTHER_GATE)
+            lo, hi = RANDOM_GATES.get(gate.role, OTHER_GATE)
             flat[f"gates.{name}"] = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=torch.float64)
     return {k2: x.to(device=device, dtype=dtype) for k2, x in flat.items()}
 
