@@ -160,7 +160,11 @@ def show(
         metavar="FILE KEY.PATH=VALUE", help="a spec file (.toml), then " + OVERRIDES_HELP)],
     fmt: FormatOption = None,
 ) -> None:
-    """Print the resolved spec (every default filled): TOML, or JSON with --format json."""
+    """Print the resolved spec (every default filled): TOML, or JSON with --format json.
+
+    The TOML starts with comments naming its spec_hash and the strategy that runs it with its
+    distribution; the JSON carries the same under "_resolved" (not a spec table).
+    """
     import sys
 
     from atlas_core.spec.overrides import load_with_overrides
@@ -170,7 +174,10 @@ def show(
         raise typer.BadParameter("give a spec FILE (.toml)")
     spec = load_with_overrides(Path(files[0]), overrides_of(texts))
     if resolve_format(fmt) is OutputFormat.json:
-        emit(spec.to_dict(), fmt)
+        from atlas_core.strategies.trust import parallel_info
+
+        about = {"spec_hash": spec.spec_hash, "parallel": parallel_info(spec.memory.get("parallel"))}
+        emit({**spec.to_dict(), "_resolved": about}, fmt)
     else:
         sys.stdout.write(spec.to_toml())
 

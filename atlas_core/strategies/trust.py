@@ -100,15 +100,31 @@ def announce(component: Any, allow: Iterable[str] = ()) -> None:
                 describe(component), where)
 
 
-def parallel_note(parallel: Any, registry: Any = None) -> str | None:
-    """One line naming a resolved spec's strategy and its distribution (None when it cannot be
-    looked up): ``parallel: core:chunkwise (atlas-ttm 0.1.0)``."""
+def _strategy_component(parallel: Any, registry: Any = None) -> Any:
+    """The registered strategy a resolved spec's ``parallel`` names (None when it cannot be looked up)."""
     try:
         from ..host.manager import get_registry
         from ..host.registry import split_use
 
         name, _ = split_use(parallel)
-        comp = (registry or get_registry()).get("strategy", name)
+        return (registry or get_registry()).get("strategy", name)
     except Exception:  # noqa: BLE001 - a note, never an error
         return None
-    return f"parallel: {describe(comp)}"
+
+
+def parallel_note(parallel: Any, registry: Any = None) -> str | None:
+    """One line naming a resolved spec's strategy and its distribution (None when it cannot be
+    looked up): ``parallel: core:chunkwise (atlas-ttm 0.1.0)``."""
+    comp = _strategy_component(parallel, registry)
+    return None if comp is None else f"parallel: {describe(comp)}"
+
+
+def parallel_info(parallel: Any, registry: Any = None) -> dict[str, Any] | None:
+    """The same as data: ``{"strategy", "distribution", "version", "third_party"}`` (None when the
+    strategy cannot be looked up)."""
+    comp = _strategy_component(parallel, registry)
+    if comp is None:
+        return None
+    p = comp.provider
+    return {"strategy": comp.name, "distribution": p.distribution, "version": p.version,
+            "third_party": not bundled(comp)}

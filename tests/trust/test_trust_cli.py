@@ -65,3 +65,24 @@ def test_spec_show_and_the_train_start_line_name_the_strategy(greedy, tmp_path, 
     saved = (tmp_path / "run" / "spec.toml").read_text()
     assert "# parallel: greedy:zeros (atlas-acme-greedy 0.1.0, third-party)" in saved
     assert 'use = "greedy:zeros"' in saved
+
+
+def test_spec_show_json_names_the_strategy_and_its_distribution(greedy, tmp_path):
+    plain, allowed = tmp_path / "plain.toml", tmp_path / "allowed.toml"
+    plain.write_text(dump_toml(SPEC))
+    allowed.write_text(dump_toml(dict(SPEC, memory={"use": "zoo:deltanet",
+                                                    "parallel": {"use": "auto", "allow": ["greedy"]}})))
+    shown = {}
+    for name, path in (("plain", plain), ("allowed", allowed)):
+        res = invoke("--format", "json", "spec", "show", path)
+        assert res.exit_code == 0, res.output
+        shown[name] = json.loads(res.stdout)
+        toml_text = invoke("spec", "show", path).stdout
+        assert f"spec_hash = {shown[name]['_resolved']['spec_hash']}" in toml_text
+    assert shown["plain"]["_resolved"]["parallel"] == {
+        "strategy": "core:exact_chunk", "distribution": "atlas-ttm",
+        "version": shown["plain"]["_resolved"]["parallel"]["version"], "third_party": False}
+    third = shown["allowed"]["_resolved"]["parallel"]
+    assert third["strategy"] == "greedy:zeros" and third["distribution"] == "atlas-acme-greedy"
+    assert third["third_party"] is True
+    assert shown["allowed"]["memory"]["parallel"]["use"] == "greedy:zeros"
