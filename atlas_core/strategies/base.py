@@ -41,6 +41,11 @@ class Strategy:
     def supports(self, rule) -> tuple[bool, str]:
         return True, ""
 
+    def chunk_for(self, rule) -> int | None:
+        """The chunk size this strategy runs ``rule`` with (what a kernel backend launches with);
+        None for a strategy that does not run in chunks."""
+        return None
+
     def bind(self, registry=None) -> "Strategy":
         """Resolve what this strategy needs from the registry (its kernel backends) once, when a
         rule or layer binds it; a call then makes no registry lookup."""

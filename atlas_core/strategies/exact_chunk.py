@@ -37,6 +37,9 @@ class ExactChunk(Strategy):
     def describe(self) -> str:
         return f"{self.name}(chunk_size={self.chunk_size})"
 
+    def chunk_for(self, rule) -> int:
+        return self.chunk_size
+
     def supports(self, rule) -> tuple[bool, str]:
         f = rule.form  # decided once when the rule was built (atlas_core.forms.RuleForm)
         if not f.composed:

@@ -69,10 +69,9 @@ class ChunkLinearBackend(Backend):
         dk, dv = p.psi.shape[-1], p.v.shape[-1]
         if _pow2(dk) > MAX_HEAD_DIM or _pow2(dv) > MAX_HEAD_DIM:
             return False, f"head dims Dphi={dk}, Dv={dv} exceed {MAX_HEAD_DIM}"
-        chunk_for = getattr(strategy, "chunk_for", None)
-        if chunk_for is None:
+        C, c, A = strategy.chunk_for(rule), f.window, f.anchor
+        if C is None:
             return False, f"strategy {strategy.name} has no chunk_size"
-        C, c, A = chunk_for(rule), f.window, f.anchor
         # the kernel takes each chunk's gradients at the chunk's start memory: that is the rule
         # when the chunks are its anchor blocks, or when the gradients ignore the memory (dot)
         if not (A == C or (A == 1 and kind == "dot")):
