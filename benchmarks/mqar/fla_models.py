@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py delta_net --seed 0
     OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py gated_deltanet --seed 1
     OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py gla --seed 2       # also kda, gated_deltaproduct
+    OMP_NUM_THREADS=1 python benchmarks/mqar/fla_models.py delta_net --seed 0 --atlas
 
 fla 0.6.0's ``<Family>ForCausalLM`` (its config defaults, sized like the zoo suite: vocab 64,
 hidden 64, 2 layers, 4 heads: of 16 for the delta rules and KDA, GLA's defaults expand_k 0.5 /
@@ -14,6 +15,11 @@ process, by one that returns fla's model. fla's layers call Triton kernels, whic
 they run with their entry points replaced by the pure-PyTorch code of tests/fla_oracle/oracle.py
 (checked against fla's own naive references by tests/fla_oracle/test_oracle.py). Needs the test
 extra (flash-linear-attention). Prints one Markdown row.
+
+``--atlas`` trains, instead, the atlas model that ``atlas import-fla`` makes of fla's model (the
+same function for the same weights: tests/fla_oracle/test_import_fla.py) starting from fla's own
+initial weights for the seed: the same initial weights, batches and optimiser as fla's run, so
+any difference between the two runs comes from the arithmetic, not the draw.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", action="append", default=[], help="a config override key=value (JSON value)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the spec's)")
+    ap.add_argument("--atlas", action="store_true",
+                    help="train fla's model as `atlas import-fla` maps it (core:lm with the family's preset "
+                    "and fla's layer options), starting from fla's initial weights for this seed")
     args = ap.parse_args(argv)
 
     import json
@@ -86,19 +95,33 @@ def main(argv: list[str] | None = None) -> int:
                                           **extra, **overrides)
     model_cls = getattr(fm, f"{name}ForCausalLM")
 
+    build_atlas = atlas_model.build_model
+
     def build_fla(spec, **kw):
         torch.manual_seed(int(spec.train.get("seed", 0)) if getattr(spec, "train", None) else 0)
-        return FlaLM(model_cls(config))
+        model = model_cls(config)
+        if not args.atlas:
+            return FlaLM(model)
+        from atlas_core.fla_import import family_for, spec_for, state_dict_for
+
+        cfg = json.loads(config.to_json_string())
+        fam = family_for(cfg)
+        mapped = spec_for(cfg, fam, name=f"atlas-{args.family}")
+        mapped["memory"]["parallel"] = spec.memory["parallel"]  # the zoo spec's exact strategy
+        atlas = build_atlas(load_spec(mapped), **kw)
+        atlas.load_state_dict(state_dict_for(cfg, fam, model.state_dict()), strict=True)
+        return atlas
 
     spec = load_spec(HERE / "zoo" / f"{preset}.toml").to_dict()
     spec["train"] = {**spec["train"], "seed": args.seed, "eval_every": 0}
     if args.steps is not None:
         spec["train"]["steps"] = args.steps
-    spec["name"] = f"fla-{args.family}"
+    spec["name"] = f"{'atlas' if args.atlas else 'fla'}-{args.family}"
     atlas_model.build_model = build_fla
     with fla_on_cpu(), tempfile.TemporaryDirectory() as tmp:
         result = train(TrainOptions(spec=spec, out=str(Path(tmp) / "run"), progress=False))
-    label = f"fla {name}ForCausalLM" + (f" ({', '.join(args.set)})" if args.set else "")
+    label = (f"fla {name}ForCausalLM" + (" as atlas imports it, from fla's init" if args.atlas else "")
+             + (f" ({', '.join(args.set)})" if args.set else ""))
     print(f"| {label} | seed {args.seed} | {result['params']:,} | {result['accuracy']:.3f} | "
           f"{result['eval_loss']:.3f} | {result['time_s']:.0f} |")
     return 0
