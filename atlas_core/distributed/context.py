@@ -24,24 +24,32 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    memory. Every memory tensor is ``[B, H, Dv, Dphi]`` and the rows of the stacked memory
    ``S [B, H, Dv, K * Dphi]`` (K tensors) evolve independently under one shared operator, so
    ``S_out = S_in P^T + C`` with ``P: [B, H, K Dphi, K Dphi]`` and ``C: [B, H, Dv, K Dphi]``.
-   They are measured with the rule itself, exactly: one run from S = 0 gives C, and
-   ``m = ceil(K Dphi / Dv)`` runs from basis rows (row i of probe p holds basis vector
-   ``p Dv + i``) give the columns of P. The m + 1 runs go one after another, without a graph;
+   Where the rule has a chunk form (`state_map.analytic_form`: the per-token delta family by the
+   UT / WY transform, anchored rules by the anchored chunk form; Gated DeltaNet, Titans, Omega
+   windows, scalar decays), they come out of it, without a graph: the chunks' transitions
+   composed (`state_map.slice_map`). Otherwise (per-key decay, e.g. ``zoo:kda``) they are
+   measured with the rule itself, exactly: one run from S = 0 gives C, and ``m = ceil(K Dphi /
+   Dv)`` runs from basis rows (row i of probe p holds basis vector ``p Dv + i``) give the columns
+   of P, one after another, without a graph (`_probe`);
 3. all ranks all-gather (P, C) and compose them in rank order (a scan over ranks): rank r's true
    initial memory is ``S_r = S_{r-1} P_{r-1}^T + C_{r-1}``; then each rank runs its slice from its
    true initial state (with a graph);
-4. backward: with ``g_r`` the gradient of rank r's outputs with respect to its initial memory,
-   the gradient reaching rank r's final memory is ``mu_{r+1} = g_{r+1} + (gS_{r+1} + mu_{r+2})
-   P_{r+1}`` (``gS``: the caller's gradient of a returned state): one all-gather of the ``g_r``,
-   a scan the other way, then one backward of the slice with that gradient. The gradient of each
-   rank's carried window inputs goes back to the rank whose inputs they are (one all-gather).
+4. backward: with ``g_r`` the gradient of rank r's outputs with respect to its initial memory
+   (from the chunk form's reads, `SliceMap.read_grad`, a reverse pass over the composed maps;
+   for a probed map by a backward of the slice), the gradient reaching rank r's final memory is
+   ``mu_{r+1} = g_{r+1} + (gS_{r+1} + mu_{r+2}) P_{r+1}`` (``gS``: the caller's gradient of a
+   returned state): one all-gather of the ``g_r``, a scan the other way, then one backward of the
+   slice with that gradient. The gradient of each rank's carried window inputs goes back to the
+   rank whose inputs they are (one all-gather).
 
-Cost of ``affine`` per rank, slice of T_r tokens: the forward runs the slice (m + 2) times
-((m + 1) probes without a graph, one with), the backward twice (``g_r``, then the full backward)
-plus the window inputs' small backward; communication: the all-gather of (P, C), ``R B H (K^2
-Dphi^2 + Dv K Dphi)`` numbers, of the ``g_r`` (``R B H Dv K Dphi``) and, with a window, of the
-carried inputs; memory: one probe run's intermediates at a time (no graph), and the maps.
-With Dv = Dphi, m = K: 2 probe runs for the delta rule, 3 for Titans' momentum, 4 with an anchor.
+Cost of ``affine`` per rank, slice of T_r tokens, with a chunk form: one forward and one backward
+of the slice (what one process running the slice does), plus the map (the chunk form's pieces
+without a graph, about one forward's, and the composition, ``(T_r / C) (K Dphi)^3`` multiply-adds)
+and ``g_r`` (``T_r K Dphi Dv + (T_r / C) (K Dphi)^2 Dv``); with probing, the slice runs m + 2 times forward and
+twice backward (with Dv = Dphi, m = K). Communication: the all-gather of (P, C), ``R B H (K^2
+Dphi^2 + Dv K Dphi)`` numbers, of the ``g_r`` and the caller's state gradients (``2 R B H Dv K
+Dphi``) and, with a window, of the carried inputs; memory: the maps (and the chunk form's
+per-chunk maps and reads, ``T_r K Dphi + 2 (T_r / C) (K Dphi)^2`` numbers, kept for ``g_r``).
 Nothing waits on another rank's computation: every rank works at once.
 
 ``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):

@@ -31,8 +31,10 @@ def build(name: str):
     return rule
 
 
-def inputs(rule, seed: int = 1) -> dict:
-    """q, k, v, gates for the whole sequence, a random initial state and the loss weights."""
+def inputs(rule, seed: int = 1, tokens: int = T, pos: int = 1) -> dict:
+    """q, k, v, gates for the whole sequence (``tokens`` long), a random initial state (an
+    anchored rule's at position ``pos`` of its block) and the loss weights."""
+    T = tokens
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
@@ -58,7 +60,7 @@ def inputs(rule, seed: int = 1) -> dict:
         else:
             state[key] = x + 0.3 * rnd(*x.shape)
     if "anchor.pos" in state:  # start inside an anchor block: its memory is the carried one
-        state["anchor.pos"] = torch.full((B,), 1.0, dtype=torch.float64)
+        state["anchor.pos"] = torch.full((B,), float(pos % rule.anchor), dtype=torch.float64)
     wy = rnd(B, T, H, D)
     ws = {key: rnd(*x.shape) for key, x in state.items() if key != "anchor.pos"}
     return {"q": q, "k": k, "v": v, "gates": gates, "state": state, "wy": wy, "ws": ws}

@@ -20,7 +20,9 @@ import atlas_core as ac
 from atlas_core.distributed import context as cx
 from atlas_core.distributed.state_map import analytic_form, positions, slice_map
 
-B, H, D = 2, 2, 4
+from . import cases
+
+B, H, D = cases.B, cases.H, cases.D
 LINEAR = {"structure": "core:linear", "bias": "core:l2"}
 FAMILIES = {
     "delta": ({**LINEAR, "algorithm": "core:gd"}, "exact"),
@@ -44,31 +46,9 @@ def _rule(name):
     return ac.build_rule(dict(FAMILIES[name][0]), heads=H, d_key=D, d_value=D).double()
 
 
-def _inputs(rule, T: int, pos: int, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    n = rule.steps_per_token
-    sub = (n,) if n > 1 else ()
-    q = torch.nn.functional.normalize(rnd(B, T, H, D), dim=-1)
-    k = torch.nn.functional.normalize(rnd(B, T, *sub, H, D), dim=-1)
-    v = rnd(B, T, *sub, H, D)
-    gates = {}
-    for name in rule.gate_names:
-        shape = (B, T, *sub, H) if name in rule.step_gates else (B, T, H)
-        x = torch.rand(*shape, generator=g, dtype=torch.float64)
-        gates[name] = 0.05 + 0.15 * x if name == "theta" else 0.6 + 0.35 * x
-    state = {}
-    for key, x in rule.init_state(B, dtype=torch.float64).items():
-        if key == cx.ANCHOR_POS:
-            state[key] = torch.full_like(x, float(pos % rule.anchor))
-        elif key == "window.gamma":
-            state[key] = torch.rand(x.shape, generator=g, dtype=torch.float64)
-        else:
-            state[key] = x + 0.3 * rnd(*x.shape)
-    return q, k, v, gates, state
+def _inputs(rule, T: int, pos: int):
+    x = cases.inputs(rule, tokens=T, pos=pos)
+    return x["q"], x["k"], x["v"], x["gates"], x["state"]
 
 
 def _split(state):
