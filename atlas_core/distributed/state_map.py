@@ -16,7 +16,8 @@ T_0``, ``C = `` the composed ``b``, i.e. ``S_out = S_in P^T + C^T`` in the rows 
 and "Parallel forms"; docs/distributed.md):
 
 - ``exact`` (``anchor = 1``: the delta rule, Gated DeltaNet's gradient at the decayed memory,
-  Titans' momentum, an Omega window, scalar decay): the UT / WY transform of ``core:exact_chunk``.
+  Longhorn, Gated DeltaProduct's sub-steps (one position each), Titans' momentum, an Omega
+  window, scalar decay): the UT / WY transform of ``core:exact_chunk``.
   With its per-chunk products ``W = (I + N)^-1 [A' X | -PL' X]``, ``U = (I + N)^-1 V``, the
   errors are ``E = W St - U``, the reads ``y = Qs St - Pm E`` and the next state
   ``St' = mix St + Dn E``, so ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``.
@@ -25,11 +26,11 @@ and "Parallel forms"; docs/distributed.md):
   chunk's decay kernels ``K`` (of M), ``KZ`` (of Z), the running products ``A``, ``PL``, ``P``
   and its (window-extended) keys X and values V,
   ``M' = A M - PL Z - a X^T D_K X + V^T D_K X``, ``Z' = P Z + a X^T D_KZ X - V^T D_KZ X``,
-  ``a' = a``, and ``y_t = M Ar_t psi_t - Z PLr_t psi_t - (a - V^T-part) X^T (Kr_t * X psi_t)``;
+  ``a' = a``, and ``y_t = M Ar_t psi_t - Z PLr_t psi_t - sum_l Kr[t, l] (x_l . psi_t) (a x_l - v_l)``;
   a chunk that opens a block first sets ``a = M``, and a slice that ends on a block boundary
   leaves ``anchor.M = M``.
 
-Representation and cost (n = K Dk, per chunk of C tokens): the chunks' pieces are formed for all
+Representation and cost (n = K Dk, per chunk of C = `MAP_CHUNK` tokens): the chunks' pieces are formed for all
 chunks at once (as the strategies do, without a graph), then the maps are composed pairwise in
 a tree (log2 N batched products, N n^3 multiply-adds in all: cheaper than applying each chunk
 to n basis columns, 2 n^2 C, when n < 2 C). The tree's levels are kept: the gradient of the
@@ -52,7 +53,8 @@ from ..forms.anchored_chunk import window_matrix
 from ..forms.decay import decay_matrix
 
 #: tokens per chunk of the maps (the map is the rule's: any chunk size gives it); with an Omega
-#: window of c tokens the exact form's system is C c wide, so its chunks are ``MAP_CHUNK * 2 // c``
+#: window of c tokens the exact form's system is C c wide, so its chunks are ``2 MAP_CHUNK / c``
+#: (at least 4); an anchored rule's are the largest divisor of the anchor up to ``MAP_CHUNK``
 MAP_CHUNK = 32
 
 
@@ -94,7 +96,7 @@ class SliceMap:
     `read_grad` needs: the pieces' tree levels."""
 
     def __init__(self, runs: list[_Run], end: torch.Tensor | None = None):
-        self.levels = []  # per run: [(T, b) of every level]
+        self.levels = []  # per run: the T of every level of its tree
         Ts, bs = [], []
         for run in runs:
             T, b = run.T, run.b
