@@ -25,9 +25,10 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    ``S [B, H, Dv, K * Dphi]`` (K tensors) evolve independently under one shared operator, so
    ``S_out = S_in P^T + C`` with ``P: [B, H, K Dphi, K Dphi]`` and ``C: [B, H, Dv, K Dphi]``.
    Where the rule has a chunk form (`state_map.analytic_form`: the per-token delta family by the
-   UT / WY transform, anchored rules by the anchored chunk form; Gated DeltaNet, Titans, Omega
-   windows, scalar decays), they come out of it, without a graph: the chunks' transitions
-   composed (`state_map.slice_map`). Otherwise (per-key decay, e.g. ``zoo:kda``) they are
+   UT / WY transform, per-key decay (KDA) by its per-key form, anchored rules by the anchored
+   chunk form; Gated DeltaNet, Titans, Omega windows, scalar decays), they come out of it,
+   without a graph: the chunks' transitions composed (`state_map.slice_map`). Otherwise
+   (momentum with a per-key decay) they are
    measured with the rule itself, exactly: one run from S = 0 gives C, and ``m = ceil(K Dphi /
    Dv)`` runs from basis rows (row i of probe p holds basis vector ``p Dv + i``) give the columns
    of P, one after another, without a graph (`_probe`);

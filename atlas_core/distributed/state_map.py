@@ -12,7 +12,7 @@ operator that depends on the keys, gates and positions only, so a chunk of C tok
 with ``T_c: [n, n]``, ``b_c: [n, Dv]`` (the values enter only here) and ``Y_c: [C, n]`` (the
 reads). The whole slice's map is the product of its chunks' ``(T_c, b_c)``: ``P = T_{N-1} ...
 T_0``, ``C = `` the composed ``b``, i.e. ``S_out = S_in P^T + C^T`` in the rows layout of
-`context._rows`. Two chunk forms give ``(T_c, b_c, Y_c)`` (docs/math.md, "Exact chunked forms"
+`context._rows`. Three chunk forms give ``(T_c, b_c, Y_c)`` (docs/math.md, "Exact chunked forms"
 and "Parallel forms"; docs/distributed.md):
 
 - ``exact`` (``anchor = 1``: the delta rule, Gated DeltaNet's gradient at the decayed memory,
@@ -21,6 +21,8 @@ and "Parallel forms"; docs/distributed.md):
   With its per-chunk products ``W = (I + N)^-1 [A' X | -PL' X]``, ``U = (I + N)^-1 V``, the
   errors are ``E = W St - U``, the reads ``y = Qs St - Pm E`` and the next state
   ``St' = mix St + Dn E``, so ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``.
+- ``key`` (per-key decay, gd, the l2 error: KDA): ``core:exact_chunk``'s per-key form
+  (`key_decay_chunk`), see `_key_run`.
 - ``anchored`` (``anchor = A > 1``: every gradient of a block at the block's anchor memory ``a``;
   ``core:chunkwise``'s linear path, chunks of C | A tokens aligned to the blocks): with the
   chunk's decay kernels ``K`` (of M), ``KZ`` (of Z), the running products ``A``, ``PL``, ``P``
@@ -50,7 +52,8 @@ import torch.nn.functional as F
 
 from ..forms import exact_chunk as ex
 from ..forms.anchored_chunk import window_matrix
-from ..forms.decay import decay_matrix
+from ..forms.decay import decay_matrix, log_tiny
+from ..forms.key_decay_chunk import decayed_scores
 
 #: tokens per chunk of the maps (the map is the rule's: any chunk size gives it); with an Omega
 #: window of c tokens the exact form's system is C c wide, so its chunks are ``2 MAP_CHUNK / c``
@@ -64,13 +67,16 @@ def _gate(rule, p, role: str) -> torch.Tensor:
 
 
 def analytic_form(rule) -> str | None:
-    """``"exact"`` or ``"anchored"`` when the slice map of ``rule`` has a chunk form here, else
-    None. Read from the rule's form (`atlas_core.forms.RuleForm`): ``exact`` is the rules with
-    the ``exact_chunk`` form and no anchor; ``anchored`` the anchored ones with ``linear_chunk``
+    """``"exact"``, ``"key"`` or ``"anchored"`` when the slice map of ``rule`` has a chunk form
+    here, else None. Read from the rule's form (`atlas_core.forms.RuleForm`): ``exact`` is the
+    rules with the ``exact_chunk`` form and no anchor, ``key`` those with per-key decay and the l2
+    error (``key_decay_chunk``); ``anchored`` the anchored ones with ``linear_chunk``
     on the one matrix ``M``, the l2 error, a scalar decay at the current memory, one position a
     token."""
     f = rule.form
     if not f.anchored:
+        if "key_decay_chunk" in f.chunk_forms and f.error == "l2":
+            return "key"
         return "exact" if "exact_chunk" in f.chunk_forms else None
     if ("linear_chunk" in f.chunk_forms and f.matrix_memory and f.error == "l2"
             and f.retention_shape == "head" and f.gradient_at == "current" and f.steps_per_token == 1
@@ -229,6 +235,36 @@ def _exact_run(rule, p, C: int) -> _Run:
     return _Run(T=base + Dn @ Wm, b=-(Dn @ U), Y=Qs - Pm @ Wm, tokens=T)
 
 
+# -- the per-key decay form ---------------------------------------------------------------------------
+def _key_run(rule, p, C: int) -> _Run:
+    """`_Run` of gd with a per-key retain factor and the l2 error (KDA; `key_decay_chunk`): with
+    ``b`` the running log-decay per key, ``E = Wsol St - U``, ``y = Qr St - Pm E``,
+    ``St' = exp(b_C) St - Dn E``, so ``T_c = Diag(exp(b_C)) - Dn Wsol``, ``b_c = Dn U``,
+    ``Y_c = Qr - Pm Wsol``."""
+    B, H, T = p.shape
+    Dk = p.psi.shape[-1]
+    C = max(1, min(C, T))
+    N = -(-T // C)
+    pad = N * C - T
+    f = rule.form
+    alpha = p.alpha if f.retention_shape == "key" else p.alpha.unsqueeze(-1).expand(B, H, T, Dk)
+    b = F.pad(log_tiny(alpha), (0, 0, 0, pad)).unflatten(2, (N, C)).cumsum(-2)
+    bp = torch.cat([torch.zeros_like(b[..., :1, :]), b[..., :-1, :]], dim=-2)
+    lag0 = rule.bias.lag_weights(p.v.dtype, p.v.device)[0]
+    w = F.pad(_gate(rule, p, "step_size") * p.gamma * lag0, (0, pad)).unflatten(-1, (N, C))
+    X, V, Q = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (N, C)) for x in (p.phik, p.v, p.psi))
+    Xw = w.unsqueeze(-1) * X
+    rq = b if f.read == "after" else bp
+    Pm = decayed_scores(Q, rq, Xw, b, strict=f.read != "after")
+    bC = b[..., -1:, :]
+    Dn = (Xw * torch.exp(bC - b)).transpose(-1, -2)  # [B, H, N, Dk, C]
+    rs = b if f.gradient_at == "retained" else bp
+    Nm = decayed_scores(X, rs, Xw, b, strict=True)
+    Wsol, U = ex._unit_lower_solve(Nm, X * torch.exp(rs)), ex._unit_lower_solve(Nm, V)
+    base = torch.diag_embed(torch.exp(bC.squeeze(-2)))
+    return _Run(T=base - Dn @ Wsol, b=Dn @ U, Y=Q * torch.exp(rq) - Pm @ Wsol, tokens=T)
+
+
 # -- the anchored form ---------------------------------------------------------------------------------
 def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     """`_Run` of an anchored rule over ``p``, which starts on a chunk boundary (chunk i opens an
@@ -324,7 +360,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     if kind is None:
         raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
     mom = rule.form.momentum
-    if kind == "exact":
+    if kind in ("exact", "key"):
         want = ["M", "Z.M"] if mom else ["M"]
     else:
         want = ["M", "Z.M", "anchor.M"] if mom else ["M", "anchor.M"]
@@ -336,6 +372,8 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         eye = torch.eye(n, dtype=p.v.dtype, device=p.v.device).expand(*p.shape[:2], 1, n, n)
         return SliceMap([_Run(eye, p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
                               p.v.new_zeros(*p.shape[:2], 1, 1, n), 0)])
+    if kind == "key":
+        return SliceMap([_key_run(rule, p, chunk_size or MAP_CHUNK)])
     if kind == "exact":
         c = rule.form.window
         return SliceMap([_exact_run(rule, p, chunk_size or (MAP_CHUNK if c == 1 else max(4, 2 * MAP_CHUNK // c)))])

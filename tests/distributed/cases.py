@@ -15,8 +15,11 @@ CASES = {
     # the gradient at the decayed memory (affine too, chosen from the knobs' declared traits)
     "gated_deltanet": {"use": "zoo:gated_deltanet"},
     "titans_deep_anchor4": {"use": "titans:titans_deep", "anchor": 4},
-    # per-key decay: affine, no chunk form in state_map (the map is probed)
+    # per-key decay (state_map's key form)
     "kda": {"use": "zoo:kda"},
+    # momentum with a per-key decay: affine, no chunk form in state_map (the map is probed)
+    "key_momentum": {"structure": "core:linear", "bias": "core:l2", "algorithm": "core:momentum",
+                     "retention": "zoo:key_decay"},
     # two sub-steps a token: the map's positions are sub-steps
     "gated_delta_product": {"use": "zoo:gated_delta_product"},
 }

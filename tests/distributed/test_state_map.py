@@ -1,7 +1,8 @@
 """The slice map from the rule's chunk form (`atlas_core.distributed.state_map`) equals the map
 measured by running the rule (`context._probe`), in float64 to 1e-10, for every family it covers:
 the delta rule (read after and before), Gated DeltaNet (gradient at the decayed memory), Longhorn
-(a key-dependent weight), Gated DeltaProduct (2 sub-steps a token), Titans' momentum with and
+(a key-dependent weight), Gated DeltaProduct (2 sub-steps a token), KDA (per-key decay, read
+after and before), Titans' momentum with and
 without an anchor, an Omega window with and without an anchor, gd with decay and an anchor.
 Slices start at several positions inside anchor blocks and span several chunks (small chunk
 sizes); the map of a slice equals the composition of its two halves' maps (split calls); the
@@ -30,6 +31,8 @@ FAMILIES = {
     "gated_deltanet": ({"use": "zoo:gated_deltanet"}, "exact"),
     "longhorn": ({"use": "zoo:longhorn"}, "exact"),
     "gated_delta_product": ({"use": "zoo:gated_delta_product"}, "exact"),
+    "kda": ({"use": "zoo:kda"}, "key"),
+    "kda_before": ({"use": "zoo:kda", "read": "before"}, "key"),
     "titans": ({"use": "titans:titans"}, "exact"),
     "titans_before": ({"use": "titans:titans", "read": "before"}, "exact"),
     "omeganet": ({"use": "omega:omeganet"}, "exact"),
@@ -70,7 +73,7 @@ def _analytic(rule, q, k, v, gates, state, chunk):
 
 
 def _chunks(rule):
-    return (1, 3, None) if analytic_form(rule) == "exact" else (1, 2, None)
+    return (1, 2, None) if analytic_form(rule) == "anchored" else (1, 3, None)
 
 
 def _close(a, b, msg):
@@ -137,9 +140,11 @@ def test_empty_slice_is_the_identity():
 
 
 def test_rules_without_a_form_are_probed():
-    """An affine rule outside the forms (per-key decay, KDA) gets None and `context` probes it
-    (tests/distributed/test_context_parallel.py runs it); a deep memory has no form."""
-    assert analytic_form(ac.build_rule({"use": "zoo:kda"}, heads=H, d_key=D, d_value=D)) is None
+    """An affine rule outside the forms gets None and `context` probes it (momentum with a
+    per-key decay, run by tests/distributed/test_context_parallel.py); a deep memory has no
+    form."""
+    spec = {**LINEAR, "algorithm": "core:momentum", "retention": "zoo:key_decay"}
+    assert analytic_form(ac.build_rule(spec, heads=H, d_key=D, d_value=D)) is None
     deep = ac.build_rule({"use": "titans:titans_deep"}, heads=H, d_key=D, d_value=D)
     assert analytic_form(deep) is None
     with pytest.raises(ValueError, match="no chunk form here"):
