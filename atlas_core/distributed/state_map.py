@@ -333,11 +333,12 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         b[..., blk(1), :] = -(X.transpose(-1, -2) @ (zend.unsqueeze(-1) * V))
         Y[..., blk(1)] = -PLr * Qc
     Tm[..., ia:, ia:] = eye
-    op = torch.tensor(opens, device=X.device)
-    if bool(op.any()):  # a chunk that opens a block takes a = M first: T J, Y J
-        J = _reset(nkeys, Dk, X.dtype, X.device)
-        Tm = torch.where(op[:, None, None], Tm @ J, Tm)
-        Y = torch.where(op[:, None, None], Y @ J, Y)
+    if any(opens):  # a chunk that opens a block takes a = M first: T J and Y J (`_reset`), i.e.
+        # the anchor block's columns move onto M's and become 0
+        op = torch.tensor(opens, dtype=X.dtype, device=X.device)[:, None, None]  # [N, 1, 1]
+        for x in (Tm, Y):
+            x[..., :Dk] += op * x[..., ia:]
+            x[..., ia:] *= 1 - op
     return _Run(T=Tm, b=b, Y=Y, tokens=T)
 
 
