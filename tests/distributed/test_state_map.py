@@ -1,14 +1,13 @@
 """The slice map from the rule's chunk form (`atlas_core.distributed.state_map`) equals the map
 measured by running the rule (`context._probe`), in float64 to 1e-10, for every family it covers:
-the delta rule (read after and before), Gated DeltaNet (gradient at the decayed memory), Longhorn
-(a key-dependent weight), Gated DeltaProduct (2 sub-steps a token), KDA (per-key decay, read
-after and before), Titans' momentum with and
-without an anchor, an Omega window with and without an anchor, gd with decay and an anchor.
-Slices start at several positions inside anchor blocks and span several chunks (small chunk
-sizes); the map of a slice equals the composition of its two halves' maps (split calls); the
-gradient of the slice's outputs with respect to its initial memory (`SliceMap.read_grad`) equals
-autograd's. One process: the maps are per rank (tests/distributed/test_context_parallel.py
-checks whole runs over 2 and 4 ranks)."""
+the delta rule, Gated DeltaNet (gradient at the decayed memory), KDA (per-key decay) and Omega
+(read after and before), Longhorn (a key-dependent weight), Gated DeltaProduct (2 sub-steps a
+token), Titans' momentum with and without an anchor (read after and before), an Omega window with
+an anchor, gd with decay and an anchor. Slices start at several positions inside anchor blocks
+and span several chunks (small chunk sizes); the map of a slice equals the composition of its two
+halves' maps (split calls); the gradient of the slice's outputs with respect to its initial memory
+(`SliceMap.read_grad`) equals autograd's. One process: the maps are per rank
+(tests/distributed/test_context_parallel.py checks whole runs over 2 and 4 ranks)."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ FAMILIES = {
     "delta": ({**LINEAR, "algorithm": "core:gd"}, "exact"),
     "delta_before": ({**LINEAR, "algorithm": "core:gd", "read": "before"}, "exact"),
     "gated_deltanet": ({"use": "zoo:gated_deltanet"}, "exact"),
+    "gated_deltanet_before": ({"use": "zoo:gated_deltanet", "read": "before"}, "exact"),
     "longhorn": ({"use": "zoo:longhorn"}, "exact"),
     "gated_delta_product": ({"use": "zoo:gated_delta_product"}, "exact"),
     "kda": ({"use": "zoo:kda"}, "key"),
@@ -36,6 +36,7 @@ FAMILIES = {
     "titans": ({"use": "titans:titans"}, "exact"),
     "titans_before": ({"use": "titans:titans", "read": "before"}, "exact"),
     "omeganet": ({"use": "omega:omeganet"}, "exact"),
+    "omeganet_before": ({"use": "omega:omeganet", "read": "before"}, "exact"),
     "titans_anchor4": ({"use": "titans:titans", "anchor": 4}, "anchored"),
     "titans_anchor8_before": ({"use": "titans:titans", "anchor": 8, "read": "before"}, "anchored"),
     "omeganet_anchor8": ({"use": "omega:omeganet", "anchor": 8}, "anchored"),
