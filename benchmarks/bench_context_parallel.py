@@ -48,7 +48,8 @@ import time
 
 import torch
 
-HEADS, D = 2, 16
+#: heads and head size (``--heads``, ``--dim``); workers get them with their payload
+SIZES = {"heads": 2, "dim": 16}
 
 
 def _rule(name: str):
@@ -61,11 +62,12 @@ def _rule(name: str):
         spec = {"use": name[:-len("/exact")], "parallel": {"use": "core:exact_chunk", "chunk_size": 32}}
     else:
         spec = {"use": name, "anchor": 64, "parallel": {"use": "core:chunkwise", "chunk_size": 64}}
-    return ac.build_rule(spec, heads=HEADS, d_key=D, d_value=D)
+    return ac.build_rule(spec, heads=SIZES["heads"], d_key=SIZES["dim"], d_value=SIZES["dim"])
 
 
 def _slice(rule, T: int, R: int, r: int):
     g = torch.Generator().manual_seed(1)
+    HEADS, D = SIZES["heads"], SIZES["dim"]
     q = torch.nn.functional.normalize(torch.randn(1, T, HEADS, D, generator=g), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(1, T, HEADS, D, generator=g), dim=-1)
     v = torch.randn(1, T, HEADS, D, generator=g)
@@ -103,7 +105,8 @@ def measure(payload, info) -> dict:
 
     from atlas_core.distributed import context_parallel, mode_for
 
-    name, T, repeat, plain = payload
+    name, T, repeat, plain, sizes = payload
+    SIZES.update(sizes)
     rule = _rule(name)
     R, r = info.world, info.rank
     q, k, v, gates = _slice(rule, T, R, r)
@@ -150,8 +153,8 @@ def run(name: str, T: int, R: int, repeat: int, threads: int, plain: bool = Fals
 
     if R == 1:
         torch.set_num_threads(threads)
-        return measure((name, T, repeat, plain), SINGLE)
-    return spawn(measure_threads, (name, T, repeat, plain, threads), R, "cpu")
+        return measure((name, T, repeat, plain, dict(SIZES)), SINGLE)
+    return spawn(measure_threads, (name, T, repeat, plain, dict(SIZES), threads), R, "cpu")
 
 
 def load() -> str:
@@ -169,11 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                     default=["titans:titans", "titans:titans/exact", "zoo:gated_deltanet/exact",
                              "omega:omeganet/exact"])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--dim", type=int, default=16, help="head size (Dk = Dv)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process (default 1)")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds per step (see above)")
     args = ap.parse_args(argv)
+    SIZES.update(heads=args.heads, dim=args.dim)
     print(f"# {os.cpu_count()} cores, {args.threads} thread(s) a process, torch "
-          f"{torch.__version__}, heads {HEADS}, D {D}, batch 1, float32; {load()}")
+          f"{torch.__version__}, heads {args.heads}, D {args.dim}, batch 1, float32; {load()}")
     print(f"{'rule':26s} {'T':>6s} {'R':>2s} {'mode':>6s} {'cpu s':>7s} {'1p cpu':>7s} "
           f"{'cpu x':>6s} {'Rp cpu':>7s} {'cpu xR':>6s} {'proc s':>7s} {'wall s':>7s} "
           f"{'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} {'MiB/rank':>8s}")

@@ -32,7 +32,7 @@ and "Parallel forms"; docs/distributed.md):
   a chunk that opens a block first sets ``a = M``, and a slice that ends on a block boundary
   leaves ``anchor.M = M``.
 
-Representation and cost (n = K Dk, per chunk of C = `MAP_CHUNK` tokens): the chunks' pieces are formed for all
+Representation and cost (n = K Dk, per chunk of C tokens, `MAP_CHUNK`): the chunks' pieces are formed for all
 chunks at once (as the strategies do, without a graph), then the maps are composed pairwise in
 a tree (log2 N batched products, N n^3 multiply-adds in all: cheaper than applying each chunk
 to n basis columns, 2 n^2 C, when n < 2 C). The tree's levels are kept: the gradient of the
@@ -55,9 +55,11 @@ from ..forms.anchored_chunk import window_matrix
 from ..forms.decay import decay_matrix, log_tiny
 from ..forms.key_decay_chunk import decayed_scores
 
-#: tokens per chunk of the maps (the map is the rule's: any chunk size gives it); with an Omega
-#: window of c tokens the exact form's system is C c wide, so its chunks are ``2 MAP_CHUNK / c``
-#: (at least 4); an anchored rule's are the largest divisor of the anchor up to ``MAP_CHUNK``
+#: tokens per chunk of the maps (the map is the rule's: any chunk size gives it): ``MAP_CHUNK``
+#: while n = K Dk < 64, twice that from there (composing costs n^3 / C a token, the chunk's own
+#: pieces about C^2: measured best at Dk = 16 and 64); with an Omega window of c tokens the exact
+#: form's system is C c wide, so its chunks are ``2 C / c`` (at least 4); an anchored rule's are
+#: the largest divisor of the anchor up to C
 MAP_CHUNK = 32
 
 
@@ -373,13 +375,14 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         eye = torch.eye(n, dtype=p.v.dtype, device=p.v.device).expand(*p.shape[:2], 1, n, n)
         return SliceMap([_Run(eye, p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
                               p.v.new_zeros(*p.shape[:2], 1, 1, n), 0)])
+    base = MAP_CHUNK if len(want) * Dk < 64 else 2 * MAP_CHUNK
     if kind == "key":
-        return SliceMap([_key_run(rule, p, chunk_size or MAP_CHUNK)])
+        return SliceMap([_key_run(rule, p, chunk_size or base)])
     if kind == "exact":
         c = rule.form.window
-        return SliceMap([_exact_run(rule, p, chunk_size or (MAP_CHUNK if c == 1 else max(4, 2 * MAP_CHUNK // c)))])
+        return SliceMap([_exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))])
     A = rule.form.anchor
-    C = chunk_size or max(d for d in range(1, min(A, MAP_CHUNK) + 1) if A % d == 0)
+    C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
         raise ValueError(f"chunk_size={C} must divide the anchor {A}")
     pos = rule.position(p)
