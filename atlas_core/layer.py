@@ -18,7 +18,7 @@ memory's initial weights, which the layer registers by holding the rule). For an
    ``alpha = sigmoid(w_a x + b_a)`` (retain factor, b_a = 3.0 -> ~0.95),
    ``eta = sigmoid(w_e x + b_e)`` (momentum decay, b_e = 2.0 -> ~0.88),
    ``theta = theta_scale * sigmoid(w_t x + b_t)`` (inner learning rate, b_t = -4.6 -> ~0.01;
-   ``theta_scale`` multiplies theta's declared scale),
+   ``theta_scale`` multiplies the declared scale of the gate whose role is the step size),
    ``gamma = sigmoid(w_g x + b_g)`` (Omega window weight, b_g = 3.0);
    only the gates the rule declares are produced, the core's four first in that order (the rows
    of ``gate_proj``: gate, then head, then key dimension);
@@ -129,7 +129,7 @@ class LayerParams(Params):
         "'declared' (scale * activation(w x + b)), 'no_bias' (the same with b fixed at 0), 'mamba2' "
         "(exp(-exp(A_log) softplus(w x + dt_bias)), a retain factor), 'gla' (sigmoid(w x + b)^(1/16)); "
         "default: the preset's, else 'declared'")
-    theta_scale: float = Field(1.0, gt=0, description="theta = theta_scale * sigmoid(...)")
+    theta_scale: float = Field(1.0, gt=0, description="the step-size gate (theta): theta = theta_scale * sigmoid(...)")
     qk_feature_map: QKFeatureMapKind = Field(
         "none", description="a feature map on each head's q and k after their norm (atlas_core/layer_qk.py): "
         "'none', 'relu', 'elu_p1', 'hadamard' (fla's elementwise_product), 'hedgehog' (2 d_key features), "
@@ -287,7 +287,7 @@ class MemoryLayer(nn.Module):
         self.gate_sizes = tuple(H * (Dk if g.shape == "key" else 1) * (n if g.name in self.step_gates else 1)
                                 for g in self.gate_decls)
         self.gate_scales = tuple(
-            g.scale * (p.theta_scale if g.name == "theta" else 1.0) for g in self.gate_decls)
+            g.scale * (p.theta_scale if g.role == "step_size" else 1.0) for g in self.gate_decls)
         if self.gate_names:
             self.gate_proj = nn.Linear(d_model, sum(self.gate_sizes))
             self.gate_A_log = nn.ParameterDict()  # per head, for each gate of form "mamba2"

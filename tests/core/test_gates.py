@@ -68,6 +68,28 @@ def _rule(algorithm=None, bias=None, retention=None):
                            algorithm or base.algorithm, base.feature_map)
 
 
+class _NamedRate(Algorithm):
+    """gd whose step size is a gate named ``mu`` (role "step_size"): M_t = alpha M - mu g."""
+
+    gates = (Gate("mu", bias=-2.0, range=(0.0, None), role="step_size", summary="step size"),)
+
+    def step(self, W, opt, g, *, alpha, gates, retention):
+        mu = gates["mu"]
+        return {k: _bc(alpha, W[k]) * W[k] - _bc(mu, g[k]) * g[k] for k in W}, opt
+
+
+def test_theta_scale_scales_the_step_size_gate_by_its_role():
+    torch.manual_seed(0)
+    layer = MemoryLayer(12, 2, _rule(_NamedRate()), LayerParams(theta_scale=0.5),
+                        strategy="core:sequential").to(DT)
+    assert layer.gate_names == ("alpha", "mu")
+    x = torch.randn(2, 5, 12, dtype=DT)
+    raw = x @ layer.gate_proj.weight.T + layer.gate_proj.bias
+    g = layer.gates(x)
+    torch.testing.assert_close(g["mu"], 0.5 * torch.sigmoid(raw[..., 2:4]))  # scaled: the step size
+    torch.testing.assert_close(g["alpha"], torch.sigmoid(raw[..., :2]))  # not scaled
+
+
 def test_a_key_gate_is_validated_and_passed_through():
     rule = _rule(_PerKeyRate()).bind(2, 3, 3)
     assert rule.gate_names == ("alpha", "rho", "theta")
