@@ -32,19 +32,24 @@ and "Parallel forms"; docs/distributed.md):
   a chunk that opens a block first sets ``a = M``, and a slice that ends on a block boundary
   leaves ``anchor.M = M``.
 
-Representation and cost (n = K Dk, per chunk of C tokens, `MAP_CHUNK`): the chunks' pieces are formed for all
-chunks at once (as the strategies do, without a graph), then the maps are composed pairwise in
-a tree (log2 N batched products, N n^3 multiply-adds in all: cheaper than applying each chunk
-to n basis columns, 2 n^2 C, when n < 2 C). The tree's levels are kept: the gradient of the
+Representation and cost (n = K Dk, per chunk of C tokens, `MAP_CHUNK`): the chunks' pieces are
+formed for all chunks at once (as the strategies do, without a graph), each chunk's map in its
+structured form ``T_c = mix (x) I + Dn Wm`` (`_Run`). Then either the maps are formed and
+composed pairwise in a tree (log2 N batched products, N n^3 multiply-adds in all), or, for the
+anchored form at n >= ``SCAN_FROM`` (`SCAN_FORMS`), ``[P | C]`` is carried through the chunks one
+after another in the structured form, whose ``Dn Wm`` there touches only Dk columns
+(2 (K - 1) Dk (n + Dv) C a chunk, against n^3). The pieces are kept: the gradient of the
 slice's outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse
-pass over the same tree, ``h = Y^T gy`` per chunk and ``h_pair = h_left + T_left^T h_right``,
-n^2 Dv per pair, instead of a backward pass through the slice.
+pass, ``h = Y^T gy`` per chunk and ``h_pair = h_left + T_left^T h_right`` over the tree (n^2 Dv
+per pair) or ``h = Y_i^T gy_i + T_i^T h`` chunk by chunk, instead of a backward pass through the
+slice. Both run with subnormal floats flushed to 0 (`flush_subnormals`).
 
 `analytic_form` says which form covers a rule (None: `context` probes the map with the rule).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -61,6 +66,32 @@ from ..forms.key_decay_chunk import decayed_scores
 #: form's system is C c wide, so its chunks are ``2 C / c`` (at least 4); an anchored rule's are
 #: the largest divisor of the anchor up to C
 MAP_CHUNK = 32
+
+
+#: the forms whose slice map is composed chunk after chunk in the structured form (`SliceMap`'s
+#: scan) rather than in a tree of formed maps, from n = K Dk = ``SCAN_FROM`` on: the anchored
+#: one, whose ``Dn Wm`` touches Dk columns (2 (K - 1) Dk n C a chunk against the tree's n^3);
+#: the exact forms' ``Dn Wm`` is dense (rank C c), so there the tree is as cheap and has fewer
+#: steps. Either gives the same map
+SCAN_FORMS = ("anchored",)
+SCAN_FROM = 64
+
+
+@contextmanager
+def flush_subnormals():
+    """Float arithmetic on the CPU with subnormal numbers read and written as 0 (restored after).
+    A slice's map multiplies many decays: its entries fall below float32's smallest normal
+    number (1.2e-38) over a few thousand tokens, and products on such numbers run many times
+    slower on a CPU. Entries that small do not change the map's float32 results (float64's
+    subnormals are below 2.2e-308)."""
+    was = bool((torch.tensor([1e-39], dtype=torch.float32) * 2.0).item() == 0.0)
+    if not was:
+        torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        if not was:
+            torch.set_flush_denormal(False)
 
 
 def _gate(rule, p, role: str) -> torch.Tensor:
@@ -89,49 +120,131 @@ def analytic_form(rule) -> str | None:
 
 @dataclass
 class _Run:
-    """Consecutive chunks of one length, batched: ``T [B, H, N, n, n]``, ``b [B, H, N, n, Dv]``,
-    ``Y [B, H, N, C, n]`` (rows of padded tokens are ignored: their ``gy`` is 0) and the number
-    of real tokens."""
+    """Consecutive chunks of one length, batched, each map kept in its structured form
+    ``T = Diag(diag) (mix (x) I_Dk) + [Dn; 0] [0 Wm 0]``: ``mix [B, H, N, K, K]``, ``diag
+    [B, H, N, n]`` or None (ones), ``Dn [B, H, N, nd, r]`` (the first nd rows; the others have
+    none), ``Wm [B, H, N, r, w]`` in the columns ``woff[i]`` to ``woff[i] + w`` of chunk i;
+    ``b [B, H, N, n, Dv]``, ``Y [B, H, N, C, n]`` (rows of padded tokens are ignored: their
+    ``gy`` is 0) and the number of real tokens; the first chunk's columns from ``live`` on are 0."""
 
-    T: torch.Tensor
+    mix: torch.Tensor
+    diag: torch.Tensor | None
+    Dn: torch.Tensor
+    Wm: torch.Tensor
+    woff: list[int]
     b: torch.Tensor
     Y: torch.Tensor
     tokens: int
+    live: int | None = None
+
+    def base(self, x: torch.Tensor, i=slice(None)) -> torch.Tensor:
+        """``Diag(diag) (mix (x) I) x`` for chunks ``i`` and ``x [B, H, N_i, n, m]``."""
+        out = _mix(self.mix[:, :, i], x)
+        return out if self.diag is None else self.diag[:, :, i].unsqueeze(-1) * out
+
+    def dense(self) -> torch.Tensor:
+        """Every chunk's ``T [B, H, N, n, n]``."""
+        n, (nd, w) = self.b.shape[-2], (self.Dn.shape[-2], self.Wm.shape[-1])
+        K = self.mix.shape[-1]
+        eye = torch.eye(n // K, dtype=self.Dn.dtype, device=self.Dn.device)
+        T = (self.mix[..., :, None, :, None] * eye[:, None, :]).reshape(*self.mix.shape[:-2], n, n)
+        if self.diag is not None:
+            T = self.diag.unsqueeze(-1) * T
+        if nd == w == n:
+            return T + self.Dn @ self.Wm
+        for off in sorted(set(self.woff)):
+            idx = [i for i, o in enumerate(self.woff) if o == off]
+            T[:, :, idx, :nd, off:off + w] += self.Dn[:, :, idx] @ self.Wm[:, :, idx]
+        return T
+
+    def step(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """``T_i x`` for ``x [B, H, n, m]``."""
+        out = self.base(x.unsqueeze(2), slice(i, i + 1)).squeeze(2)
+        nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
+        top = _addmm(out[..., :nd, :], self.Dn[:, :, i], self.Wm[:, :, i] @ x[..., off:off + w, :])
+        return top if nd == out.shape[-2] else torch.cat([top, out[..., nd:, :]], dim=-2)
+
+    def step_t(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        """``T_i^T h`` for ``h [B, H, n, m]``."""
+        d = h if self.diag is None else self.diag[:, :, i].unsqueeze(-1) * h
+        out = _mix(self.mix[:, :, i].mT, d)
+        nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
+        part = _addmm(out[..., off:off + w, :], self.Wm[:, :, i].mT, self.Dn[:, :, i].mT @ h[..., :nd, :])
+        return part if w == out.shape[-2] else torch.cat([out[..., :off, :], part, out[..., off + w:, :]], dim=-2)
+
+
+def _mix(mix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``(mix (x) I) x``: ``mix [..., K, K]``, ``x [..., K d, m]`` (K is 1 to 3: a sum of scaled
+    blocks, cheaper than a product with a K-wide inner dimension)."""
+    K = mix.shape[-1]
+    if K == 1:
+        return mix * x
+    xs = x.chunk(K, dim=-2)
+    return torch.cat([sum(mix[..., i, j, None, None] * xs[j] for j in range(K)) for i in range(K)], dim=-2)
+
+
+def _addmm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
+    """``a + m1 @ m2`` for ``[B, H, ., .]`` operands, in one batched call."""
+    return torch.baddbmm(a.flatten(0, 1), m1.flatten(0, 1), m2.flatten(0, 1)).unflatten(0, a.shape[:2])
+
+
 
 
 class SliceMap:
     """The composed map of a slice (``P``, ``C`` in `context`'s rows layout) and what
-    `read_grad` needs: the pieces' tree levels."""
+    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps."""
 
-    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None):
-        self.levels = []  # per run: the T of every level of its tree
-        Ts, bs = [], []
-        for run in runs:
-            T, b = run.T, run.b
-            lv = [T]
-            while T.shape[2] > 1:
-                T, b = _pairs(T, b)
-                lv.append(T)
-            self.levels.append(lv)
-            Ts.append(T[:, :, 0])
-            bs.append(b[:, :, 0])
+    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False):
         self.runs = runs
-        P, c = Ts[0], bs[0]
-        for T, b in zip(Ts[1:], bs[1:]):
-            P, c = T @ P, T @ c + b
+        r0 = runs[0]
+        n = r0.b.shape[-2]
+        self.scan = scan
+        if scan:  # [P | c] through the chunks; P's columns that the first chunk zeroes stay 0
+            live = n if r0.live is None else r0.live
+            x = torch.eye(n, dtype=r0.b.dtype, device=r0.b.device)[:, :live].expand(*r0.b.shape[:2], n, live)
+            x = torch.cat([x, torch.zeros_like(r0.b[:, :, 0])], dim=-1)
+            for run in runs:
+                for i in range(run.Dn.shape[2]):
+                    x = run.step(x, i)
+                    x[..., live:] += run.b[:, :, i]
+            P, c = F.pad(x[..., :live], (0, n - live)), x[..., live:]
+        else:
+            self.levels = []  # per run: the T of every level of its tree
+            Ts, bs = [], []
+            for run in runs:
+                T, b = run.dense(), run.b
+                lv = [T]
+                while T.shape[2] > 1:
+                    T, b = _pairs(T, b)
+                    lv.append(T)
+                self.levels.append(lv)
+                Ts.append(T[:, :, 0])
+                bs.append(b[:, :, 0])
+            P, c = Ts[0], bs[0]
+            for T, b in zip(Ts[1:], bs[1:]):
+                P, c = T @ P, T @ c + b
         if end is not None:  # the anchor reset at a block boundary after the last token
             P, c = end @ P, end @ c
         self.P, self.C = P, c.transpose(-1, -2)
 
+    @flush_subnormals()
     def read_grad(self, gy: torch.Tensor) -> torch.Tensor:
         """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``, one
         row per position (with sub-steps, `positions` spreads a token's over its sub-steps)."""
-        total, before, lo = None, None, 0  # before: the product of the earlier runs' maps
-        for run, lv in zip(self.runs, self.levels):
+        hs, lo = [], 0
+        for run in self.runs:  # h = Y^T gy per chunk
             N, C = run.Y.shape[2], run.Y.shape[3]
             g = F.pad(gy[:, :, lo:lo + run.tokens], (0, 0, 0, N * C - run.tokens)).unflatten(2, (N, C))
             lo += run.tokens
-            h = run.Y.transpose(-1, -2) @ g  # [B, H, N, n, Dv]
+            hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, n, Dv]
+        if self.scan:  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
+            total = None
+            for run, h in zip(reversed(self.runs), reversed(hs)):
+                for i in range(run.Dn.shape[2] - 1, -1, -1):
+                    total = h[:, :, i] if total is None else h[:, :, i] + run.step_t(total, i)
+            return total.transpose(-1, -2)
+        total, before = None, None  # before: the product of the earlier runs' maps
+        for h, lv in zip(hs, self.levels):
             for T in lv[:-1]:
                 h = _pairs_back(T, h)
             h = h[:, :, 0]
@@ -158,13 +271,6 @@ def _pairs_back(T: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return h[:, :, 0::2] + T[:, :, 0::2].transpose(-1, -2) @ h[:, :, 1::2]
 
 
-def _kron_eye(mix: torch.Tensor, d: int) -> torch.Tensor:
-    """``mix [..., k, k]`` (x) ``I_d``: ``[..., k d, k d]``."""
-    eye = torch.eye(d, dtype=mix.dtype, device=mix.device)
-    k = mix.shape[-1]
-    return (mix[..., :, None, :, None] * eye[:, None, :]).reshape(*mix.shape[:-2], k * d, k * d)
-
-
 def positions(rule, gy: torch.Tensor) -> torch.Tensor:
     """``gy [B, T, H, Dv]`` (the rule's outputs' gradient) as ``[B, H, T n, Dv]`` over the n
     sub-steps of each token (``steps_per_token``): the token's gradient at its reading
@@ -184,7 +290,6 @@ def _exact_run(rule, p, C: int) -> _Run:
     B, H, T = p.shape
     C, c = max(1, min(C, T)), rule.form.window
     mom = rule.form.momentum
-    Dk = p.psi.shape[-1]
     xk, xv, xg = rule.extended_inputs(p)
     N = -(-T // C)
     pad = N * C - T
@@ -227,14 +332,15 @@ def _exact_run(rule, p, C: int) -> _Run:
         Qs = ex._outer(torch.stack([Ar, -(PL if after else PLp)], dim=-1), Q)
         AC = ex._ends(A, last)
         mix = torch.stack([AC, -ex._ends(PL, last), torch.zeros_like(AC), ex._ends(Pe, last)], dim=-1)
-        base = _kron_eye(mix.unflatten(-1, (2, 2)), Dk)
+        mix = mix.unflatten(-1, (2, 2))
     else:
         Wx = ex._slots(Ap, c).unsqueeze(-1) * X
         Dn = (-ex._slots(ex._ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)
         Qs = Ar.unsqueeze(-1) * Q
-        base = ex._ends(A, last)[..., None, None] * torch.eye(Dk, dtype=X.dtype, device=X.device)
+        mix = ex._ends(A, last)[..., None, None]
     Wm, U = ex._unit_lower_solve(Nm, Wx), ex._unit_lower_solve(Nm, V)
-    return _Run(T=base + Dn @ Wm, b=-(Dn @ U), Y=Qs - Pm @ Wm, tokens=T)
+    return _Run(mix=mix, diag=None, Dn=Dn, Wm=Wm, woff=[0] * N, b=-(Dn @ U),
+                Y=Qs - Pm @ Wm, tokens=T)
 
 
 # -- the per-key decay form ---------------------------------------------------------------------------
@@ -263,8 +369,8 @@ def _key_run(rule, p, C: int) -> _Run:
     rs = b if f.gradient_at == "retained" else bp
     Nm = decayed_scores(X, rs, Xw, b, strict=True)
     Wsol, U = ex._unit_lower_solve(Nm, X * torch.exp(rs)), ex._unit_lower_solve(Nm, V)
-    base = torch.diag_embed(torch.exp(bC.squeeze(-2)))
-    return _Run(T=base - Dn @ Wsol, b=Dn @ U, Y=Q * torch.exp(rq) - Pm @ Wsol, tokens=T)
+    return _Run(mix=torch.ones_like(bC[..., :1]), diag=torch.exp(bC.squeeze(-2)), Dn=-Dn,
+                Wm=Wsol, woff=[0] * N, b=Dn @ U, Y=Q * torch.exp(rq) - Pm @ Wsol, tokens=T)
 
 
 # -- the anchored form ---------------------------------------------------------------------------------
@@ -310,38 +416,41 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         K = mul(L)
     Kr = K if after else shift(K, 0.0)
     Ar = A.unsqueeze(-1) if after else shift(A.unsqueeze(-1), 1.0)
-    eye = torch.eye(Dk, dtype=X.dtype, device=X.device)
     kend = ex._ends(K, last)  # [B, H, N, m]
-    G = X.transpose(-1, -2) @ (kend.unsqueeze(-1) * X)  # X^T D_K X
-    XV = X.transpose(-1, -2) @ (kend.unsqueeze(-1) * V)
-    n = nkeys * Dk
-    Tm = X.new_zeros(B, H, N, n, n)
-    b = X.new_zeros(B, H, N, n, Dv)
-    Y = X.new_zeros(B, H, N, C, n)
+    n, K_ = nkeys * Dk, nkeys
     ia = (nkeys - 1) * Dk  # anchor.M's block
     blk = lambda i: slice(i * Dk, (i + 1) * Dk)  # noqa: E731
-    Tm[..., blk(0), blk(0)] = ex._ends(A, last)[..., None, None] * eye
-    Tm[..., blk(0), ia:] = -G
-    b[..., blk(0), :] = XV
+    # T = mix (x) I + [Dn; 0] [0 Wm]: Dn Wm holds -X^T D_K X (M's rows) and X^T D_KZ X (Z's) in
+    # the anchor block's columns (Wm = X), or in M's when the chunk opens a block
+    mix = X.new_zeros(B, H, N, K_, K_)
+    mix[..., 0, 0] = ex._ends(A, last)
+    mix[..., -1, -1] = 1.0
+    kX = kend.unsqueeze(-1) * X  # D_K X
+    b = X.new_zeros(B, H, N, n, Dv)
+    Y = X.new_zeros(B, H, N, C, n)
+    b[..., blk(0), :] = kX.transpose(-1, -2) @ V
     Qc = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
     scores = Kr * (Qc @ X.transpose(-1, -2))  # Kr[t, l] (x_l . psi_t): [B, H, N, C, m]
     Y[..., blk(0)] = Ar * Qc
     Y[..., ia:] = -(scores @ X)
     if mom:
-        zend = ex._ends(KZ, last)
-        Tm[..., blk(0), blk(1)] = -ex._ends(PL.squeeze(-1), last)[..., None, None] * eye
-        Tm[..., blk(1), blk(1)] = ex._ends(Pe, last)[..., None, None] * eye
-        Tm[..., blk(1), ia:] = X.transpose(-1, -2) @ (zend.unsqueeze(-1) * X)
-        b[..., blk(1), :] = -(X.transpose(-1, -2) @ (zend.unsqueeze(-1) * V))
+        zX = ex._ends(KZ, last).unsqueeze(-1) * X  # D_KZ X
+        mix[..., 0, 1] = -ex._ends(PL.squeeze(-1), last)
+        mix[..., 1, 1] = ex._ends(Pe, last)
+        Dn = torch.cat([-kX, zX], dim=-1).transpose(-1, -2)
+        b[..., blk(1), :] = -(zX.transpose(-1, -2) @ V)
         Y[..., blk(1)] = -PLr * Qc
-    Tm[..., ia:, ia:] = eye
+    else:
+        Dn = -kX.transpose(-1, -2)
     if any(opens):  # a chunk that opens a block takes a = M first: T J and Y J (`_reset`), i.e.
         # the anchor block's columns move onto M's and become 0
         op = torch.tensor(opens, dtype=X.dtype, device=X.device)[:, None, None]  # [N, 1, 1]
-        for x in (Tm, Y):
-            x[..., :Dk] += op * x[..., ia:]
-            x[..., ia:] *= 1 - op
-    return _Run(T=Tm, b=b, Y=Y, tokens=T)
+        Y[..., :Dk] += op * Y[..., ia:]
+        Y[..., ia:] *= 1 - op
+        mix[..., 0] += op[:, :, 0] * mix[..., -1]
+        mix[..., -1] *= 1 - op[:, :, 0]
+    return _Run(mix=mix, diag=None, Dn=Dn, Wm=X, woff=[0 if o else ia for o in opens], b=b, Y=Y,
+                tokens=T, live=ia if opens[0] else None)
 
 
 def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
@@ -355,6 +464,7 @@ def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
 
 
 # -- the entry point -----------------------------------------------------------------------------------
+@flush_subnormals()
 def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) -> SliceMap:
     """The state map of the slice prepared in ``p`` (`ComposedRule.prepare`, with the slice's
     carried inputs in its state; the memory entries are not read). ``memory_keys``: the memory
@@ -372,15 +482,18 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     T, Dk = p.shape[2], p.psi.shape[-1]
     if T == 0:  # an empty slice: the identity
         n = len(want) * Dk
-        eye = torch.eye(n, dtype=p.v.dtype, device=p.v.device).expand(*p.shape[:2], 1, n, n)
-        return SliceMap([_Run(eye, p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
-                              p.v.new_zeros(*p.shape[:2], 1, 1, n), 0)])
+        z = p.v.new_zeros(*p.shape[:2], 1, n, 1)
+        return SliceMap([_Run(mix=torch.ones_like(z[..., :1, :]), diag=None, Dn=z, Wm=z.mT, woff=[0],
+                              b=p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
+                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)])
     base = MAP_CHUNK if len(want) * Dk < 64 else 2 * MAP_CHUNK
+    scan = kind in SCAN_FORMS and len(want) * Dk >= SCAN_FROM
     if kind == "key":
-        return SliceMap([_key_run(rule, p, chunk_size or base)])
+        return SliceMap([_key_run(rule, p, chunk_size or base)], scan=scan)
     if kind == "exact":
         c = rule.form.window
-        return SliceMap([_exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))])
+        return SliceMap([_exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))],
+                        scan=scan)
     A = rule.form.anchor
     C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
@@ -406,4 +519,4 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
     end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
-    return SliceMap(runs, end)
+    return SliceMap(runs, end, scan=scan)

@@ -18,6 +18,7 @@ import torch
 
 import atlas_core as ac
 from atlas_core.distributed import context as cx
+from atlas_core.distributed import state_map
 from atlas_core.distributed.state_map import analytic_form, positions, slice_map
 
 from . import cases
@@ -86,14 +87,25 @@ def test_form_covers_the_family(name):
     assert analytic_form(_rule(name)) == FAMILIES[name][1]
 
 
+@pytest.fixture(params=["tree", "scan"])
+def composition(request, monkeypatch):
+    """Both ways of composing the chunks' maps, for every form (at the sizes here the default
+    is the tree)."""
+    if request.param == "scan":
+        monkeypatch.setattr(state_map, "SCAN_FORMS", ("exact", "key", "anchored"))
+        monkeypatch.setattr(state_map, "SCAN_FROM", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_map_equals_the_probed_map(name):
+def test_map_equals_the_probed_map(name, composition):
     rule = _rule(name)
     for T, pos in ((13, 0), (30, 1), (5, 3), (16, 0), (21, 6)):
         x = _inputs(rule, T, pos)
         P, C = _probed(rule, *x)
         for chunk in _chunks(rule):
             sm = _analytic(rule, *x, chunk)
+            assert sm.scan == (composition == "scan")
             _close(sm.P, P, f"{name} P, T = {T}, pos = {pos}, chunk = {chunk}")
             _close(sm.C, C, f"{name} C, T = {T}, pos = {pos}, chunk = {chunk}")
 
@@ -116,7 +128,7 @@ def test_map_of_split_calls_composes(name):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_read_grad_equals_autograd(name):
+def test_read_grad_equals_autograd(name, composition):
     rule = _rule(name)
     for T, pos in ((13, 0), (22, 3)):
         q, k, v, gates, state = _inputs(rule, T, pos)
@@ -131,7 +143,7 @@ def test_read_grad_equals_autograd(name):
             _close(got, want, f"{name} T = {T}, pos = {pos}, chunk = {chunk}")
 
 
-def test_empty_slice_is_the_identity():
+def test_empty_slice_is_the_identity(composition):
     rule = _rule("titans_anchor4")
     q, k, v, gates, state = _inputs(rule, 0, pos=2)
     sm = _analytic(rule, q, k, v, gates, state, None)
