@@ -6,8 +6,9 @@ one call, then one token per call. Per block, that state is (`tensors` lists it 
 
 - a memory layer's state (``core:lm``, MAG, MAL, MAC): the memory (``M`` of a linear memory,
   ``W1``, ``W2``, ... of a deep one), the optimiser's carried terms (``Z.*``: momentum), the
-  anchor block's start memory and the position within it (``anchor.*``), and the last
-  ``conv_size - 1`` inputs of the short convolutions (``conv.q|k|v``);
+  anchor block's start memory and the position within it (``anchor.*``), the last
+  ``conv_size - 1`` inputs of the short convolutions (``conv.q|k|v``) and, with ``[layer]
+  rotary``, the number of tokens seen (``pos``);
 - sliding-window attention (MAG, MAL, and the attention-only blocks of any hybrid): the keys and
   values of the persistent tokens (``pk``, ``pv``) and of the last ``window - 1`` tokens (``k``,
   ``v``), and the position (``pos``);
