@@ -145,16 +145,21 @@ class _Run:
     def dense(self) -> torch.Tensor:
         """Every chunk's ``T [B, H, N, n, n]``."""
         n, (nd, w) = self.b.shape[-2], (self.Dn.shape[-2], self.Wm.shape[-1])
-        K = self.mix.shape[-1]
-        eye = torch.eye(n // K, dtype=self.Dn.dtype, device=self.Dn.device)
-        T = (self.mix[..., :, None, :, None] * eye[:, None, :]).reshape(*self.mix.shape[:-2], n, n)
-        if self.diag is not None:
-            T = self.diag.unsqueeze(-1) * T
         if nd == w == n:
-            return T + self.Dn @ self.Wm
-        for off in sorted(set(self.woff)):
-            idx = [i for i, o in enumerate(self.woff) if o == off]
-            T[:, :, idx, :nd, off:off + w] += self.Dn[:, :, idx] @ self.Wm[:, :, idx]
+            T = self.Dn @ self.Wm
+        else:
+            T = self.Dn.new_zeros(*self.Dn.shape[:3], n, n)
+            for off in sorted(set(self.woff)):
+                idx = [i for i, o in enumerate(self.woff) if o == off]
+                T[:, :, idx, :nd, off:off + w] = self.Dn[:, :, idx] @ self.Wm[:, :, idx]
+        K = self.mix.shape[-1]
+        d = n // K
+        for i in range(K):  # + Diag(diag) (mix (x) I), in place on the blocks' diagonals
+            for j in range(K):
+                add = self.mix[..., i, j, None]
+                if self.diag is not None:
+                    add = add * self.diag[..., i * d:(i + 1) * d]
+                T[..., i * d:(i + 1) * d, j * d:(j + 1) * d].diagonal(dim1=-2, dim2=-1).add_(add)
         return T
 
     def step(self, x: torch.Tensor, i: int) -> torch.Tensor:
@@ -181,6 +186,12 @@ def _mix(mix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return mix * x
     xs = x.chunk(K, dim=-2)
     return torch.cat([sum(mix[..., i, j, None, None] * xs[j] for j in range(K)) for i in range(K)], dim=-2)
+
+
+def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
+    """``a - m1 @ m2`` for ``[..., ., .]`` operands of one batch shape, in one batched call."""
+    flat = lambda x: x.reshape(-1, *x.shape[-2:])  # noqa: E731
+    return torch.baddbmm(flat(a), flat(m1), flat(m2), alpha=-1).view(a.shape)
 
 
 def _addmm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
@@ -340,7 +351,7 @@ def _exact_run(rule, p, C: int) -> _Run:
         mix = ex._ends(A, last)[..., None, None]
     Wm, U = ex._unit_lower_solve(Nm, Wx), ex._unit_lower_solve(Nm, V)
     return _Run(mix=mix, diag=None, Dn=Dn, Wm=Wm, woff=[0] * N, b=-(Dn @ U),
-                Y=Qs - Pm @ Wm, tokens=T)
+                Y=_minus_mm(Qs, Pm, Wm), tokens=T)
 
 
 # -- the per-key decay form ---------------------------------------------------------------------------
@@ -370,7 +381,7 @@ def _key_run(rule, p, C: int) -> _Run:
     Nm = decayed_scores(X, rs, Xw, b, strict=True)
     Wsol, U = ex._unit_lower_solve(Nm, X * torch.exp(rs)), ex._unit_lower_solve(Nm, V)
     return _Run(mix=torch.ones_like(bC[..., :1]), diag=torch.exp(bC.squeeze(-2)), Dn=-Dn,
-                Wm=Wsol, woff=[0] * N, b=Dn @ U, Y=Q * torch.exp(rq) - Pm @ Wsol, tokens=T)
+                Wm=Wsol, woff=[0] * N, b=Dn @ U, Y=_minus_mm(Q * torch.exp(rq), Pm, Wsol), tokens=T)
 
 
 # -- the anchored form ---------------------------------------------------------------------------------
