@@ -136,11 +136,13 @@ class _Run:
     Y: torch.Tensor
     tokens: int
     live: int | None = None
+    nonzero: list | None = None  # per chunk: the (i, j) of mix that are not 0 (read once)
 
-    def base(self, x: torch.Tensor, i=slice(None)) -> torch.Tensor:
-        """``Diag(diag) (mix (x) I) x`` for chunks ``i`` and ``x [B, H, N_i, n, m]``."""
-        out = _mix(self.mix[:, :, i], x)
-        return out if self.diag is None else self.diag[:, :, i].unsqueeze(-1) * out
+    def _pairs(self, i: int) -> list[tuple[int, int]]:
+        if self.nonzero is None:
+            self.nonzero = [[(a, b) for a, row in enumerate(m) for b, x in enumerate(row) if x]
+                            for m in (self.mix != 0).flatten(0, 1).any(0).tolist()]
+        return self.nonzero[i]
 
     def dense(self) -> torch.Tensor:
         """Every chunk's ``T [B, H, N, n, n]``."""
@@ -164,7 +166,9 @@ class _Run:
 
     def step(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """``T_i x`` for ``x [B, H, n, m]``."""
-        out = self.base(x.unsqueeze(2), slice(i, i + 1)).squeeze(2)
+        out = _mix(self.mix[:, :, i], x, self._pairs(i))
+        if self.diag is not None:
+            out = self.diag[:, :, i].unsqueeze(-1) * out
         nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
         top = _addmm(out[..., :nd, :], self.Dn[:, :, i], self.Wm[:, :, i] @ x[..., off:off + w, :])
         return top if nd == out.shape[-2] else torch.cat([top, out[..., nd:, :]], dim=-2)
@@ -172,20 +176,25 @@ class _Run:
     def step_t(self, h: torch.Tensor, i: int) -> torch.Tensor:
         """``T_i^T h`` for ``h [B, H, n, m]``."""
         d = h if self.diag is None else self.diag[:, :, i].unsqueeze(-1) * h
-        out = _mix(self.mix[:, :, i].mT, d)
+        out = _mix(self.mix[:, :, i].mT, d, [(b, a) for a, b in self._pairs(i)])
         nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
         part = _addmm(out[..., off:off + w, :], self.Wm[:, :, i].mT, self.Dn[:, :, i].mT @ h[..., :nd, :])
         return part if w == out.shape[-2] else torch.cat([out[..., :off, :], part, out[..., off + w:, :]], dim=-2)
 
 
-def _mix(mix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def _mix(mix: torch.Tensor, x: torch.Tensor, pairs: list[tuple[int, int]] | None = None) -> torch.Tensor:
     """``(mix (x) I) x``: ``mix [..., K, K]``, ``x [..., K d, m]`` (K is 1 to 3: a sum of scaled
-    blocks, cheaper than a product with a K-wide inner dimension)."""
+    blocks, cheaper than a product with a K-wide inner dimension); ``pairs``: the entries of
+    ``mix`` that may not be 0 (None: all)."""
     K = mix.shape[-1]
     if K == 1:
         return mix * x
     xs = x.chunk(K, dim=-2)
-    return torch.cat([sum(mix[..., i, j, None, None] * xs[j] for j in range(K)) for i in range(K)], dim=-2)
+    out = [None] * K
+    for i, j in pairs if pairs is not None else [(i, j) for i in range(K) for j in range(K)]:
+        term = mix[..., i, j, None, None] * xs[j]
+        out[i] = term if out[i] is None else out[i] + term
+    return torch.cat([o if o is not None else torch.zeros_like(xs[0]) for o in out], dim=-2)
 
 
 def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
