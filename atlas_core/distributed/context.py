@@ -45,7 +45,8 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
 
 Cost of ``affine`` per rank, slice of T_r tokens, with a chunk form: one forward and one backward
 of the slice (what one process running the slice does), plus the map (the chunk form's pieces
-without a graph, about one forward's, and the composition, ``(T_r / C) (K Dphi)^3`` multiply-adds)
+without a graph, about one forward's, and the composition, ``(T_r / C) (K Dphi)^3`` multiply-adds,
+or for the anchored form at ``K Dphi >= 64`` ``T_r 2 (K - 1) Dphi (K Dphi + Dv)``, chunk by chunk)
 and ``g_r`` (``T_r K Dphi Dv + (T_r / C) (K Dphi)^2 Dv``); with probing, the slice runs m + 2 times forward and
 twice backward (with Dv = Dphi, m = K). Communication: the all-gather of (P, C), ``R B H (K^2
 Dphi^2 + Dv K Dphi)`` numbers, of the ``g_r`` and the caller's state gradients (``2 R B H Dv K
