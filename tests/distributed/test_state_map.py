@@ -162,3 +162,15 @@ def test_rules_without_a_form_are_probed():
     assert analytic_form(deep) is None
     with pytest.raises(ValueError, match="no chunk form here"):
         slice_map(deep, None, ["M"])
+
+
+def test_flush_subnormals_is_scoped():
+    """Inside, float32 subnormals read as 0; after, the mode is as before (also on an error)."""
+    tiny = torch.tensor([1e-39], dtype=torch.float32)
+    assert (tiny * 2).item() > 0
+    with state_map.flush_subnormals():
+        assert (tiny * 2).item() == 0.0
+    assert (tiny * 2).item() > 0
+    with pytest.raises(RuntimeError), state_map.flush_subnormals():
+        raise RuntimeError("inside")
+    assert (tiny * 2).item() > 0
