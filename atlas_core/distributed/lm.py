@@ -30,6 +30,13 @@ from .context import context_parallel, mode_for
 _MARK = "_context_parallel"
 
 
+def _rotary_refused() -> SpecError:
+    return SpecError([Issue(
+        "layer.rotary", "context parallelism runs each slice from position 0, and rotary q/k need "
+        "each token's absolute position", True,
+        "train this model without --context-parallel, or set layer.rotary = false")])
+
+
 def check_model(spec: Any, ranks: int, seq_len: int) -> None:
     """Refuse a model or sequence length context parallelism cannot split (one clear error). The
     model is built on the meta device (no memory) to read its class's `context_parallel`."""
@@ -44,6 +51,8 @@ def check_model(spec: Any, ranks: int, seq_len: int) -> None:
             f"(core:lm, titans:lmm); {arch} also mixes tokens across time in other layers", arch,
             "train this architecture without --context-parallel")])
     layer = spec.layer if isinstance(getattr(spec, "layer", None), dict) else {}
+    if layer.get("rotary"):
+        raise _rotary_refused()
     carried = max(int(layer.get("conv_size", 4)) - 1, 1)  # the convolution's carried inputs
     if seq_len // ranks < carried:
         raise SpecError([Issue("train.seq_len", f"a sequence of {seq_len} tokens split over "
@@ -97,6 +106,8 @@ def enable(model: torch.nn.Module, group=None, mode: str = "auto") -> int:
     for layer in model.modules():
         if not isinstance(layer, MemoryLayer) or _MARK in layer.__dict__:
             continue
+        if layer.params.rotary:
+            raise _rotary_refused()
         rule = layer.rule
         mode_for(rule, mode)  # an unknown or impossible mode fails here, before any run
         hooks = []

@@ -60,4 +60,20 @@ def test_launch_errors(tmp_path):
     spec["train"]["task"]["seq_len"] = 8
     with pytest.raises(SpecError, match=r"train\.seq_len: a sequence of 8 tokens split over 4"):
         train(TrainOptions(spec=spec, out=out, progress=False, context_parallel=4))
+    spec = copy.deepcopy(SPEC)
+    spec.setdefault("layer", {})["rotary"] = True  # positions would restart at every slice
+    with pytest.raises(SpecError, match=r"layer\.rotary: context parallelism runs each slice from position 0"):
+        train(TrainOptions(spec=spec, out=out, progress=False, context_parallel=2))
     assert not (tmp_path / "r").exists()
+
+
+def test_enable_refuses_rotary_layers():
+    import atlas_core as ac
+    from atlas_core.distributed.lm import enable
+
+    model = ac.build_model({"schema": "atlas/1", "name": "rot", "memory": {"use": "zoo:retnet"},
+                            "model": {"arch": "core:lm", "vocab_size": 16, "d_model": 16, "depth": 1,
+                                      "heads": 2},
+                            "layer": {"rotary": True}})
+    with pytest.raises(SpecError, match=r"layer\.rotary: context parallelism runs each slice"):
+        enable(model)
