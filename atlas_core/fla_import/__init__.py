@@ -65,6 +65,10 @@ def read_weights(src: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+#: the config's sizes every family reads
+SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads")
+
+
 def family_for(cfg: dict[str, Any], source: str = "config.json") -> Family:
     """The family mapping of ``cfg``, or one `SpecError` naming every option it cannot express."""
     kind = cfg.get("model_type")
@@ -74,6 +78,11 @@ def family_for(cfg: dict[str, Any], source: str = "config.json") -> Family:
     if kind not in FAMILIES:
         raise SpecError([Issue("config.model_type", "not an fla model family atlas imports", kind,
                                f"atlas imports {', '.join(sorted(FAMILIES))}")], source)
+    sizes = [Issue(f"config.{key}", "must be a positive integer", cfg.get(key, "<missing>"),
+                   "SRC's config.json as fla's save_pretrained writes it has it")
+             for key in SIZES if type(cfg.get(key)) is not int or cfg[key] < 1]
+    if sizes:
+        raise SpecError(sizes, source)
     issues: list[Issue] = []
     check(cfg, issues, "attn", None, "hybrid models with softmax-attention layers")
     check(cfg, issues, "attnres_block_size", None, "attention residuals between blocks")

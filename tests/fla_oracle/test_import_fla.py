@@ -184,3 +184,17 @@ def test_unsupported_family_says_why(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "rwkv7", "hidden_size": 8}))
     with pytest.raises(SpecError, match="token shift"):
         import_fla(tmp_path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("key, value", [("num_heads", None), ("hidden_size", "64"), ("num_hidden_layers", 0)])
+def test_missing_or_bad_sizes_are_named(key, value, tmp_path):
+    cfg = {"model_type": "delta_net", "vocab_size": 16, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_heads": 2}
+    if value is None:
+        del cfg[key]
+    else:
+        cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match=rf"config\.{key}: must be a positive integer"):
+        import_fla(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
