@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 import time

@@ -35,7 +35,6 @@ from __future__ import annotations
 import gc
 import os
 import platform
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field

@@ -70,7 +70,7 @@ def spec_value_issues(section: Any, path: str) -> list[Issue]:
         if isinstance(v, float) and not math.isfinite(v):
             issues.append(Issue(where, "must be a finite number", v, "write a finite value"))
         elif isinstance(v, int) and abs(v) > MAX_INT:
-            issues.append(Issue(where, f"is too large: no size or count here may exceed 2**53",
+            issues.append(Issue(where, "is too large: no size or count here may exceed 2**53",
                                 _short(v)))
     return issues
 

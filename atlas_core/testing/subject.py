@@ -112,7 +112,7 @@ class Subject:
                 self.error = (f"unknown component {self.name!r}: no installed plugin provides namespace "
                               f"{ns!r}" + (f"; {hint}" if hint else f" (installed: {', '.join(installed)})"))
             else:
-                hint = did_you_mean(self.name, pool) or f"see `atlas components list`"
+                hint = did_you_mean(self.name, pool) or "see `atlas components list`"
                 kind = f" {self.case.kind}" if self.case.kind else ""
                 self.error = f"unknown{kind} component {self.name!r}; {hint}"
             return

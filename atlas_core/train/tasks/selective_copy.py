@@ -17,7 +17,7 @@ Tensors: ``inputs, targets: LongTensor [B, T]``.
 from __future__ import annotations
 
 import torch
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import ValidationInfo, field_validator
 from ...params import size_field
 
 from ...host.registry import Params
