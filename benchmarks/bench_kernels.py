@@ -40,6 +40,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32, bf16, fp16")
     ap.add_argument("--mru-dims", default="4,16", help="MRU state sizes d")
     ap.add_argument("--only", choices=["chunk_linear", "mru_scan"], default=None)
+    ap.add_argument("--cases", default=None,
+                    help="comma list of chunk_linear cases to time (l2-gd, l2-momentum, omega<c>-l2-gd); default: all")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     ap.add_argument("--interpret", action="store_true", help="CPU interpreter smoke run, tiny sizes")
     args = ap.parse_args(argv)
@@ -120,6 +122,13 @@ def chunk_linear_cases(args, torch, device):
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     configs = [("l2-gd", "gd", 1), ("l2-momentum", "momentum", 1)]
     configs += [(f"omega{c}-l2-gd", "gd", c) for c in map(int, args.windows.split(",")) if c > 1]
+    if args.cases:
+        wanted = set(args.cases.split(","))
+        unknown = wanted - {label for label, _, _ in configs}
+        if unknown:
+            sys.exit(f"bench_kernels: --cases {','.join(sorted(unknown))}: no such case; the cases are "
+                     + ", ".join(label for label, _, _ in configs))
+        configs = [cfg for cfg in configs if cfg[0] in wanted]
     for label, alg, c in configs:
         bias = "core:l2" if c == 1 else {"use": "omega:window", "window": c, "inner": "core:l2", "gamma": "gate"}
         rule = ac.build_rule({"bias": bias, "retention": "core:decay", "algorithm": f"core:{alg}"},

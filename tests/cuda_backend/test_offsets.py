@@ -92,7 +92,7 @@ def test_in_tile_offsets_fit_int32_at_the_verifiers_bounds():
         assert largest < INT32, what
 
 
-def test_largest_buffers_exceed_int32_at_accepted_sizes():
+def test_largest_buffers_exceed_int32_at_accepted_sizes(device):
     """Why int64 is needed: sizes the verifier accepts whose buffers pass 2^31 elements (the
     issue's example, B = 8, H = 16, T = 32768, D = 128, C = 16: checkpoints of 2^32 elements)."""
     from atlas_core.strategies.chunkwise import Chunkwise, ChunkwiseParams
@@ -103,8 +103,8 @@ def test_largest_buffers_exceed_int32_at_accepted_sizes():
     B, H, T, D, C = 8, 16, 32768, 128, 16
     rule = make_rule("l2", "momentum", "after", 1, d=D, anchor=C)
     H0 = rule.heads if hasattr(rule, "heads") else 2
-    q = torch.randn(1, C, H0, D)
-    p = rule.prepare(q, q, q, gates={n: torch.full((1, C, H0), 0.5) for n in rule.gate_names})
+    q = torch.randn(1, C, H0, D, device=device)
+    p = rule.prepare(q, q, q, gates={n: torch.full((1, C, H0), 0.5, device=device) for n in rule.gate_names})
     # expanded views: the shape of the call without the memory behind it
     p.psi = p.psi[:1, :1, :1].expand(B, H, T, D)
     p.v = p.v[:1, :1, :1].expand(B, H, T, D)
