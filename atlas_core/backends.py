@@ -11,6 +11,8 @@ Switches:
 - ``ATLAS_BACKEND=<name>`` or a strategy's ``backend = "<name>"`` parameter forces one: if it
   cannot serve the call, the error names the backend and the verifier's reason (no silent
   fallback). ``backend = "torch"`` forces the PyTorch code.
+- A backend that can serve a call but measured slower than the PyTorch code for it says so in
+  ``prefers``; automatic dispatch then runs the PyTorch code (forcing still runs the backend).
 
 Why a backend was passed over is logged at debug level and shown by `atlas env`.
 """
@@ -37,6 +39,12 @@ class Backend:
         return True, ""
 
     def verify(self, strategy, rule, inputs) -> tuple[bool, str]:
+        return True, ""
+
+    def prefers(self, strategy, rule, inputs) -> tuple[bool, str]:
+        """Whether this backend should serve a call it can serve when nobody forced it: False
+        (with the reason) where it measured slower than the strategy's PyTorch code. Consulted
+        after `verify` and only for automatic dispatch; a forced backend always runs."""
         return True, ""
 
     def run(self, strategy, rule, inputs):
@@ -99,6 +107,11 @@ class BoundBackends:
         for name, be, reason in self.candidates:
             if be is not None:
                 ok, why = be.verify(strategy, rule, inputs)
+                if ok and not self.requested:
+                    ok, slower = be.prefers(strategy, rule, inputs)
+                    if not ok:
+                        log.debug("backend %s passed over for %s: %s", name, self.strategy_name, slower)
+                        continue
                 if ok:
                     log.debug("backend %s serves %s", name, self.strategy_name)
                     return be

@@ -50,6 +50,26 @@ def rule_refusal(f) -> str | None:
     return None
 
 
+def speed_refusal(momentum: bool, window: int, backward: bool) -> str | None:
+    """Why automatic dispatch leaves a call the kernel can serve to core:chunkwise's PyTorch code,
+    or None: the cases where the kernel measured slower than that code on a GPU (NVIDIA H200,
+    B = 8, H = 16, T = 4096, D = 64, C = 64, `benchmarks/bench_kernels.py`; docs/kernels.md
+    "Measured on a GPU"). It measured faster only forward without gradients, gd, no window
+    (2.3x float32, 4.6x bfloat16); with gradients 0.26-0.79x, momentum 0.81-0.98x, an Omega window
+    0.53-0.70x. Forcing the backend (``ATLAS_BACKEND=cuda:chunk_linear``) still runs it."""
+    slower = []
+    if backward:
+        slower.append("gradients are needed (fwd+bwd 0.26-0.79x)")
+    if momentum:
+        slower.append("momentum (0.81-0.98x)")
+    if window > 1:
+        slower.append(f"an Omega window c={window} (0.53-0.70x)")
+    if not slower:
+        return None
+    return ("measured slower than core:chunkwise's PyTorch code on a GPU for " + ", ".join(slower)
+            + " (docs/kernels.md); ATLAS_BACKEND=cuda:chunk_linear forces the kernel")
+
+
 class ChunkLinearBackend(Backend):
     name = "cuda:chunk_linear"
 
@@ -117,6 +137,17 @@ class ChunkLinearBackend(Backend):
             cfg = Config.make(C, c, dk, dv, kind, f.read, form == "momentum", p.psi.dtype)
             return device_fits(cfg, p.psi.dtype, backward, p.psi.device)
         return True, ""
+
+    def prefers(self, strategy, rule, inputs) -> tuple[bool, str]:
+        """On a GPU, automatic dispatch takes the kernel only where it measured faster
+        (`speed_refusal`); under the interpreter (the kernel tests) it takes every call it can."""
+        p, f = inputs, rule.form
+        if interpreter_on() or not p.psi.is_cuda:
+            return True, ""
+        tensors = [p.psi, p.phik, p.v, p.alpha, *p.gates.values(), *p.state.values()]
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        why = speed_refusal(f.momentum, f.window, backward)
+        return why is None, why or ""
 
     def run(self, strategy, rule, inputs):
         try:
