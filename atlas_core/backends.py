@@ -107,8 +107,9 @@ class BoundBackends:
         for name, be, reason in self.candidates:
             if be is not None:
                 ok, why = be.verify(strategy, rule, inputs)
-                if ok and not self.requested:
-                    ok, slower = be.prefers(strategy, rule, inputs)
+                prefers = getattr(be, "prefers", None)  # a duck-typed plugin backend may lack it
+                if ok and not self.requested and prefers is not None:
+                    ok, slower = prefers(strategy, rule, inputs)
                     if not ok:
                         log.debug("backend %s passed over for %s: %s", name, self.strategy_name, slower)
                         continue
