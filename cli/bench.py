@@ -12,7 +12,9 @@ delta rule and titans-pytorch's NeuralMemory when installed); the ``decode`` cas
 ``model.step`` calls of a built model at two chunk sizes. Before timing, each subject passes a
 float64 equivalence check against ``core:sequential`` on the rule it runs; a failure is marked and
 gets no speedup. Peak memory is the peak of live tensor bytes (`atlas_core.bench.memory`), which
-works on the CPU. The library lives in `atlas_core.bench`; ``benchmarks/bench_strategies.py`` is
+works on the CPU. ``--device cuda`` (or ``auto``) runs everything on a GPU: inputs, rules, layers,
+models and the equivalence check (there also in float32, the dtype that is timed), every timed
+region synchronised, peak memory from CUDA's ``max_memory_allocated``; the report names the GPU. The library lives in `atlas_core.bench`; ``benchmarks/bench_strategies.py`` is
 the same run as a script. The targets whose rows were measured are printed after the table
 (the others are counted in one line; ``--format json`` lists every target, ``ok`` null when
 not evaluated). With the ``atlas`` rule, its tokens/s are printed next to the bound its
@@ -32,6 +34,7 @@ from .common import Failed, FormatOption, emit, examples, log, out_console
 
 EPILOG = examples(
     "atlas bench --rules delta,titans --lengths 512,1024,2048",
+    "atlas bench --device cuda --json bench.json",
     "atlas bench --lengths 512,1024 --plot docs/img/bench.png --json bench.json",
     "atlas bench --rules atlas --lengths 256 --atlas-long 4096,16384",
 )
@@ -55,7 +58,11 @@ def _human(data: dict[str, Any]) -> None:
     from atlas_core.bench.report import COLUMNS, _fmt, atlas_cost_lines
 
     con = out_console()
-    table = Table(title="atlas bench (fwd: no_grad forward; fwd+bwd: training step; peak: live tensor bytes)")
+    m = data["machine"]
+    gpu = m.get("device", "cpu") != "cpu"
+    peak = "CUDA max_memory_allocated" if gpu else "live tensor bytes"
+    where = f" on {m.get('device_name')}" if gpu else ""
+    table = Table(title=f"atlas bench{where} (fwd: no_grad forward; fwd+bwd: training step; peak: {peak})")
     for _, head in COLUMNS:
         table.add_column(head, overflow="fold")
     for r in data["rows"]:
@@ -83,9 +90,10 @@ def _human(data: dict[str, Any]) -> None:
         con.print(line, markup=False, highlight=False)
     for p in data["problems"]:
         con.print(f"[yellow]baseline not loaded[/]: {escape(p)}")
-    m = data["machine"]
-    con.print(f"{m['cpu']}, {m['torch_threads']} thread(s), torch {m['torch']}, load average "
-              f"{m.get('load_avg_start')} -> {m.get('load_avg_end')}, {data['seconds']:.0f} s")
+    device = f"device {m.get('device')} ({m.get('device_name')}); host " if gpu else ""
+    con.print(f"{device}{m['cpu']}, {m['torch_threads']} thread(s), torch {m['torch']}, load average "
+              f"{m.get('load_avg_start')} -> {m.get('load_avg_end')}, {data['seconds']:.0f} s",
+              markup=False, highlight=False)
 
 
 def bench(
@@ -108,12 +116,20 @@ def bench(
         "e.g. 4096,16384: fwd+bwd time and peak memory (slow: minutes per length on a CPU)")] = None,
     strategies: Annotated[Optional[str], typer.Option(
         help="only these registered strategies (comma-separated names); default: all that apply")] = None,
-    seq_max: Annotated[int, typer.Option(min=1, help="longest T for core:sequential")] = 4096,
-    repeats: Annotated[int, typer.Option(min=1, help="timed runs per point after the first (the fastest is reported)")] = 3,
+    seq_max: Annotated[Optional[int], typer.Option(
+        min=1, help="longest T for core:sequential (default: 4096 on the CPU, 512 on a GPU)",
+        show_default=False)] = None,
+    repeats: Annotated[Optional[int], typer.Option(
+        min=1, help="timed runs per point after the first, the fastest reported (default: 3 on the "
+        "CPU, 1 on a GPU)", show_default=False)] = None,
     budget: Annotated[float, typer.Option(help="seconds: a subject slower than this per fwd+bwd "
                                           "is not run at longer T")] = 120.0,
     max_mem_gib: Annotated[float, typer.Option(help="skip runs a subject expects to need more")] = 6.0,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="torch intra-op threads")] = None,
+    device: Annotated[str, typer.Option(
+        help="where to run: cpu, cuda (a GPU; every timed region synchronised, peak memory from "
+        "torch.cuda.max_memory_allocated) or auto (cuda when available, else cpu)")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="torch intra-op threads (the CPU "
+                                                   "side, whatever --device)")] = None,
     memory: Annotated[bool, typer.Option("--memory/--no-memory", help="measure peak memory")] = True,
     check: Annotated[bool, typer.Option("--check/--no-check", help="run the equivalence gate")] = True,
     baselines: Annotated[Optional[Path], typer.Option(
@@ -126,17 +142,26 @@ def bench(
 ) -> None:
     """Time and peak memory against sequence length, every strategy side by side."""
     from atlas_core.bench import BenchConfig, run_bench
+    from atlas_core.bench.device import DeviceError, resolve_device
+    from atlas_core.bench.runner import device_defaults
     from atlas_core.bench.report import plot as make_plot
     from atlas_core.bench.subjects import default_baselines_dir, load_baselines
 
+    try:
+        dev = resolve_device(device, option="--device")
+    except DeviceError as exc:  # a usage error: exit 2, one message naming the option and the fix
+        raise typer.BadParameter(f"{exc.value!r}: {exc.reason}; {exc.fix}", param_hint="--device") from None
     cfg = BenchConfig(
         rules=[r.strip() for r in rules.split(",") if r.strip()], lengths=_ints(lengths, "--lengths"),
-        batch=batch, heads=heads, dim=dim, chunk=chunk, seq_max=seq_max, repeats=repeats,
+        batch=batch, heads=heads, dim=dim, chunk=chunk,
+        seq_max=seq_max if seq_max is not None else device_defaults(dev)["seq_max"],
+        repeats=repeats if repeats is not None else device_defaults(dev)["repeats"],
         budget_s=budget, max_mem_gib=max_mem_gib, memory=memory, check=check, threads=threads,
         compile=compile, exact_chunks=_ints(exact_chunks, "--exact-chunks"),
         decode_chunks=_ints(decode_chunks, "--decode-chunks"), decode_tokens=decode_tokens,
         atlas_long=_ints(atlas_long, "--atlas-long") if atlas_long else [],
         strategies=[s.strip() for s in strategies.split(",")] if strategies else None,
+        device=str(dev),
     )
     cfg.validate()
     subjects, problems = [], []

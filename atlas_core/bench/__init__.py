@@ -8,13 +8,16 @@ gets no speedup. Modules:
 
 - `cases`: the benchmarked rules and their inputs;
 - `subjects`: strategies, layers, baselines, and the equivalence gate;
-- `memory`: peak live tensor bytes on any device (a dispatch mode; works on the CPU);
+- `device`: the device (``cpu``, ``cuda``, ``auto``) and the clock of every timed region
+  (synchronised on a GPU);
+- `memory`: peak memory: CUDA's allocator counter on a GPU, live tensor bytes on the CPU;
 - `runner`: `BenchConfig`, `run_bench`;
 - `report`: the targets, tables (text, Markdown), the PNG plot.
 """
 
 from .cases import RULES, Case, get_case
-from .memory import LiveTensorBytes, peak_tensor_bytes
+from .device import clock, resolve_device
+from .memory import LiveTensorBytes, peak_bytes, peak_tensor_bytes
 from .report import plot, targets, to_markdown, to_text
 from .runner import BenchConfig, BenchResult, Row, run_bench
 from .subjects import (
@@ -29,7 +32,8 @@ from .subjects import (
 )
 
 __all__ = [
-    "RULES", "Case", "get_case", "LiveTensorBytes", "peak_tensor_bytes", "plot", "targets",
+    "RULES", "Case", "get_case", "clock", "resolve_device", "LiveTensorBytes", "peak_bytes",
+    "peak_tensor_bytes", "plot", "targets",
     "to_markdown", "to_text", "BenchConfig", "BenchResult", "Row", "run_bench",
     "Check", "DecodeSubject", "LayerSubject", "StrategySubject", "Subject",
     "check_against_rule", "default_baselines_dir", "load_baselines",

@@ -17,13 +17,12 @@ matrix-shaped memory, as the algorithm needs them (not as a particular strategy 
 
 A training step (fwd+bwd) counts three times the forward (the backward of a product costs two
 products). `matmul_rate` times a plain batched matmul of Newton–Schulz's shapes (the dominant
-term) in the same process, so that ``bound = rate / macs`` is the tokens/s this machine would give
+term) in the same process, on the same device, so that ``bound = rate / macs`` is the tokens/s this machine would give
 if every multiply-add ran at that matmul's speed; the bench reports measured / bound.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -59,14 +58,17 @@ def macs_per_token(rule, chunk: int) -> dict[str, float]:
     }
 
 
-def matmul_rate(rule, chunk: int, batch: int, heads: int, repeats: int = 5) -> float:
+def matmul_rate(rule, chunk: int, batch: int, heads: int, repeats: int = 5, device=None) -> float:
     """Multiply-adds per second of one Newton–Schulz step's products (``X X^T``, ``b A + c A A``,
     ``(a I + B) X``) on plain random float32 tensors of the chunk's shapes: ``[B H C, r, c]`` per
-    weight. The fastest of ``repeats`` runs, no autograd."""
+    weight, on ``device`` (None: the CPU), timed by the benchmark's clock (`device.clock`:
+    synchronised on a GPU). The fastest of ``repeats`` runs, no autograd."""
+    from .device import clock
+
     shapes = [tuple(sorted(s)) for s in _weights(rule).values()]
     n = batch * heads * chunk
     g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(n, r, c, generator=g) / c ** 0.5 for r, c in shapes]
+    xs = [(torch.randn(n, r, c, generator=g) / c ** 0.5).to(device or "cpu") for r, c in shapes]
     macs = sum(n * (2 * r * r * c + r ** 3) for r, c in shapes)
 
     def step():  # the products of `newton_schulz`'s step: X X^T, b A + c A A, (a I + B) X
@@ -79,9 +81,9 @@ def matmul_rate(rule, chunk: int, batch: int, heads: int, repeats: int = 5) -> f
         step()
         best = float("inf")
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = clock(device)
             step()
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, clock(device) - t0)
     return macs / best
 
 

@@ -75,18 +75,22 @@ class Case:
         """The case's rule spec, or the same rule with ``anchor`` (None: the spec's own)."""
         return dict(self.spec) if anchor is None else {**self.spec, "anchor": anchor}
 
-    def rule(self, heads: int, d_key: int, d_value: int, dtype=torch.float32, anchor: int | None = None):
-        """The case's rule (rebuilt with ``anchor`` when given), built once per size, dtype and
-        anchor (seeded: learned initial weights and feature-map coefficients are the same for
-        every strategy and every anchor)."""
+    def rule(self, heads: int, d_key: int, d_value: int, dtype=torch.float32, anchor: int | None = None,
+             device: torch.device | str | None = None):
+        """The case's rule (rebuilt with ``anchor`` when given), built once per size, dtype,
+        anchor and device (seeded, and built on the CPU before it is moved: learned initial
+        weights and feature-map coefficients are the same for every strategy, every anchor and
+        every device). ``device`` None: the CPU."""
         from ..rule import build_rule
 
-        key = (heads, d_key, d_value, dtype, anchor)
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        key = (heads, d_key, d_value, dtype, anchor) + ((str(dev),) if dev.type != "cpu" else ())
         if key not in self._rules:
             with torch.random.fork_rng():
                 torch.manual_seed(0)
-                self._rules[key] = build_rule(self.rule_spec(anchor), heads=heads, d_key=d_key,
-                                              d_value=d_value).to(dtype)
+                rule = build_rule(self.rule_spec(anchor), heads=heads, d_key=d_key,
+                                  d_value=d_value).to(dtype)
+            self._rules[key] = rule if dev.type == "cpu" else rule.to(dev)
         return self._rules[key]
 
     def model_spec(self, sizes: dict[str, int], strategy: Any) -> dict[str, Any]:
@@ -133,22 +137,35 @@ class Inputs:
             t.grad = None
 
 
+    def to(self, device: torch.device | str) -> "Inputs":
+        """The same inputs on ``device`` (new leaf tensors; the CPU ones themselves on the CPU)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Inputs(q=move(self.q), k=move(self.k), v=move(self.v),
+                      gates={n: move(g) for n, g in self.gates.items()}, x=move(self.x), dy=move(self.dy))
+
+
 def make_inputs(case: Case, gate_names, *, B: int, T: int, H: int, Dk: int, Dv: int,
-                dtype=torch.float32, seed: int = 0) -> Inputs:
+                dtype=torch.float32, seed: int = 0, device: torch.device | str | None = None) -> Inputs:
+    """The case's inputs (module docstring), drawn on the CPU from ``seed`` and then moved to
+    ``device`` (None: the CPU), so that every device sees the same numbers."""
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
 
     if case.kind == "layer":
-        return Inputs(x=rand(B, T, H * Dk), dy=rand(B, T, H * Dk))
-    if case.kind == "decode":  # token ids: a prompt of T tokens (the decoded tokens: `decode_tokens`)
+        inp = Inputs(x=rand(B, T, H * Dk), dy=rand(B, T, H * Dk))
+    elif case.kind == "decode":  # token ids: a prompt of T tokens (the decoded tokens: `decode_tokens`)
         vocab = DECODE_MODEL["vocab_size"]
-        return Inputs(x=torch.randint(0, vocab, (B, T), generator=g))
-    q = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
-    k = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
-    gates = {}
-    for name in gate_names:
-        lo, hi = GATE_RANGES.get(name, (0.0, 1.0))
-        gates[name] = (lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)).to(dtype)
-    return Inputs(q=q, k=k, v=rand(B, T, H, Dv), gates=gates, dy=rand(B, T, H, Dv))
+        inp = Inputs(x=torch.randint(0, vocab, (B, T), generator=g))
+    else:
+        q = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
+        k = torch.nn.functional.normalize(rand(B, T, H, Dk), dim=-1)
+        gates = {}
+        for name in gate_names:
+            lo, hi = GATE_RANGES.get(name, (0.0, 1.0))
+            gates[name] = (lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=torch.float64)).to(dtype)
+        inp = Inputs(q=q, k=k, v=rand(B, T, H, Dv), gates=gates, dy=rand(B, T, H, Dv))
+    if device is None or torch.device(device).type == "cpu":
+        return inp
+    return inp.to(device)

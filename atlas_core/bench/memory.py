@@ -1,8 +1,11 @@
-"""Peak memory of a computation on any device, CPU included: live tensor bytes, counted per storage.
+"""Peak memory of a computation: CUDA's allocator counter on a GPU, live tensor bytes on the CPU.
 
-CUDA has ``torch.cuda.max_memory_allocated``; the CPU allocator keeps no such counter, and the
-process's resident set (``ru_maxrss``) mixes in the Python heap, the allocator's caching and pages
-glibc keeps after a free. `LiveTensorBytes` counts what the computation itself holds instead: a
+`peak_bytes` picks by device. On CUDA it is the caching allocator's own counter: the peak of
+``torch.cuda.max_memory_allocated`` over the call (after ``torch.cuda.reset_peak_memory_stats``)
+minus what was allocated before it, synchronised on both sides (it counts each block as the
+allocator rounds it). The CPU allocator keeps no such counter, and the
+process's resident set (``ru_maxrss``) mixes in the Python heap, the allocator's caching and
+pages glibc keeps after a free. `LiveTensorBytes` counts what the computation itself holds instead: a
 `TorchDispatchMode` sees every aten operator's outputs (forward and backward: the autograd engine
 runs CPU work on the calling thread with the mode active). Each new storage adds its ``nbytes``
 to a live total; a ``weakref.finalize`` on every tensor that refers to it lowers a per-storage
@@ -79,3 +82,24 @@ def peak_tensor_bytes(fn: Callable[[], Any]) -> int:
         out = fn()
         del out
     return probe.peak
+
+
+def cuda_peak_bytes(fn: Callable[[], Any], device: Any) -> int:
+    """The peak of bytes the CUDA caching allocator had allocated on ``device`` during ``fn()``,
+    minus what was allocated before the call (tensors that already existed: inputs, parameters).
+    The result of ``fn`` is dropped inside the measurement, as in `peak_tensor_bytes`."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    out = fn()
+    del out
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.max_memory_allocated(device) - before)
+
+
+def peak_bytes(fn: Callable[[], Any], device: Any = None) -> int:
+    """Peak bytes ``fn()`` allocates: `cuda_peak_bytes` on a CUDA device, else (the CPU, None)
+    `peak_tensor_bytes`."""
+    if device is not None and torch.device(device).type == "cuda":
+        return cuda_peak_bytes(fn, device)
+    return peak_tensor_bytes(fn)

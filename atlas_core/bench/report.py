@@ -30,8 +30,9 @@ def atlas_cost_lines(data: dict[str, Any]) -> list[str]:
     cost = data.get("atlas_cost") or {}
     if not cost.get("rows"):
         return []
+    where = f"on {cost['device']}" if cost.get("device", "cpu") != "cpu" else "here"
     out = [f"atlas against its FLOP count: a plain matmul of Newton-Schulz's shapes runs "
-           f"{cost['matmul_macs_per_s'] / 1e9:.2f} G multiply-adds/s here"]
+           f"{cost['matmul_macs_per_s'] / 1e9:.2f} G multiply-adds/s {where}"]
     for c in cost["rows"]:
         line = (f"  {c['subject']} T={c['T']}: fwd {c['fwd_tok_s']:.0f} tokens/s "
                 f"(bound {c['fwd_bound_tok_s']:.0f}, {c['fwd_ratio']:.2f})")
@@ -240,9 +241,10 @@ def plot(result, path) -> None:
             ax.set_title(case, fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
         axes[i][0].legend(fontsize=7)
-    cfg = result.config
-    fig.suptitle(f"B={cfg['batch']}, H={cfg['heads']}, Dk=Dv={cfg['dim']}, float32, "
-                 f"{result.machine.get('torch_threads')} thread(s), {result.machine.get('cpu')}", fontsize=9)
+    cfg, m = result.config, result.machine
+    where = (f"{m.get('device_name')} ({m.get('device')})" if m.get("device", "cpu") != "cpu"
+             else f"{m.get('torch_threads')} thread(s), {m.get('cpu')}")
+    fig.suptitle(f"B={cfg['batch']}, H={cfg['heads']}, Dk=Dv={cfg['dim']}, float32, {where}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -14,13 +14,22 @@ For each case the subjects that support it are first checked (`Subject.check`, f
 - **time**: ``fwd`` is the forward under ``torch.no_grad()`` (inference); ``fwd+bwd`` is the forward
   with autograd plus ``backward`` of ``<y, dy>`` into every input and learned parameter (training).
   The fastest of ``1 + repeats`` runs (of two runs when the first took longer than
-  `BenchConfig.slow_s`); wall-clock seconds (``time.perf_counter``). The minimum, because noise
-  only adds time: on a virtual machine the first touch of fresh memory can cost several times the
-  run itself, so a single cold run would misreport the memory-hungry subjects.
-- **peak memory**: one more forward and one more fwd+bwd under `memory.LiveTensorBytes` (the peak
-  of live tensor bytes created by the call; inputs and parameters excluded).
+  `BenchConfig.slow_s`); wall-clock seconds (`device.clock`: ``time.perf_counter``, after
+  ``torch.cuda.synchronize`` on a GPU). The minimum, because noise only adds time: on a virtual
+  machine the first touch of fresh memory can cost several times the run itself, so a single cold
+  run would misreport the memory-hungry subjects.
+- **peak memory**: one more forward and one more fwd+bwd under `memory.peak_bytes`: on the CPU the
+  peak of live tensor bytes created by the call (`memory.LiveTensorBytes`), on a GPU the CUDA
+  allocator's ``max_memory_allocated`` minus what was allocated before the call (inputs and
+  parameters excluded either way).
 - **decoding** (decode cases): ``fwd ms`` is milliseconds per one-token ``model.step`` after a
   T-token prompt (`subjects.DecodeSubject.measure`); no fwd+bwd, no peak memory.
+
+Device (`BenchConfig.device`: ``cpu``, ``cuda`` or ``auto``): inputs, gates, rules, layers and
+models are built on it (inputs are drawn on the CPU from a fixed seed, then moved, so every device
+sees the same numbers), and so is the equivalence check (`subjects.check_against_rule`). A subject
+that cannot run on a GPU (its check raises there, while on the CPU it passes) is skipped with the
+reason. ``threads`` is the CPU's intra-op thread count whatever the device.
 
 Limits (each reported, nothing is extrapolated): ``core:sequential`` stops at ``seq_max``; a
 subject whose fwd+bwd took longer than ``budget_s`` is not run at longer T; a subject that declares
@@ -43,10 +52,22 @@ from typing import Any, Callable
 import torch
 
 from .cases import DECODE_CHUNKS, DEFAULT_RULES, Case, get_case, make_inputs
-from .memory import peak_tensor_bytes
+from .device import DEVICES, clock, cpu_name, current_device, device_info, resolve_device, use_device
+from .memory import peak_bytes
 from .subjects import Check, DecodeSubject, LayerSubject, StrategySubject, Subject
 
 MIB = 1024.0 ** 2
+#: the defaults of ``seq_max`` and ``repeats`` by device type (`device_defaults`). On a GPU the
+#: per-token loop of ``core:sequential`` is bound by kernel launches (hundreds per token), not by
+#: arithmetic: it is timed up to T = 512 there, and each point is the faster of a first run and
+#: one more (GPU timings vary less than a shared CPU's), so that the default sweep takes minutes.
+DEVICE_DEFAULTS = {"cpu": {"seq_max": 4096, "repeats": 3}, "cuda": {"seq_max": 512, "repeats": 1}}
+
+
+def device_defaults(device: Any) -> dict[str, int]:
+    """``{"seq_max": ..., "repeats": ...}`` for ``device`` (`DEVICE_DEFAULTS`; the CPU's for
+    anything but CUDA)."""
+    return dict(DEVICE_DEFAULTS.get(torch.device(device).type, DEVICE_DEFAULTS["cpu"]))
 
 
 @dataclass
@@ -75,6 +96,9 @@ class BenchConfig:
     #: lengths at which Atlas (``atlas_muon:atlas``, its default strategy) runs one fwd+bwd under
     #: the peak-memory probe (`long_memory_rows`); empty: none
     atlas_long: list[int] = field(default_factory=list)
+    #: where the benchmark runs: "cpu", "cuda" (or "cuda:N") or "auto" (CUDA when available);
+    #: `run_bench` records the resolved one
+    device: str = "cpu"
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -91,6 +115,10 @@ class BenchConfig:
             raise ValueError(f"lengths={self.lengths} must be positive sequence lengths")
         if any(T < 1 for T in self.atlas_long):
             raise ValueError(f"atlas_long={self.atlas_long} must be positive sequence lengths")
+        if not isinstance(self.device, str) or not (self.device.strip().lower() in DEVICES
+                                                    or self.device.strip().lower().startswith("cuda:")):
+            raise ValueError(f"device={self.device!r} is not a benchmark device; choose one of "
+                             f"{', '.join(DEVICES)}")
         for name in self.rules:
             get_case(name)
 
@@ -137,23 +165,16 @@ class BenchResult:
                 "atlas_cost": self.atlas_cost, "problems": problems, "seconds": self.seconds}
 
 
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+def machine_info(device: Any = "cpu") -> dict[str, Any]:
+    """The machine the figures come from: CPU, threads, versions, load, and the device the
+    benchmark ran on (`device.device_info`: ``device``, ``device_name``; on a GPU its memory too)."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "load_avg_start": load}
+            "platform": platform.platform(), "load_avg_start": load, **device_info(device)}
 
 
 def _accepting(make, case: Case, C: int) -> Subject | None:
@@ -239,16 +260,17 @@ def default_subjects(config: BenchConfig, case: Case) -> list[Subject]:
     return out
 
 
-def _timed(fn: Callable[[], Any], repeats: int, slow_s: float) -> tuple[float, int]:
+def _timed(fn: Callable[[], Any], repeats: int, slow_s: float, device: Any = None) -> tuple[float, int]:
     """The fastest of ``1 + repeats`` runs (``1 + 1`` when the first took longer than ``slow_s``).
     The minimum, because the noise of a shared machine only ever adds time: other processes, and
     the first touch of memory pages a virtual machine has not backed yet (which can make one run of
-    a memory-hungry subject several times slower than the next)."""
+    a memory-hungry subject several times slower than the next). Each run is timed by
+    `device.clock` on ``device`` (on a GPU: synchronised before each reading)."""
     times = []
     for _ in range(1 + repeats):
-        t0 = time.perf_counter()
+        t0 = clock(device)
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock(device) - t0)
         if len(times) == 2 and times[0] > slow_s:
             break
     return min(times), len(times)
@@ -256,8 +278,9 @@ def _timed(fn: Callable[[], Any], repeats: int, slow_s: float) -> tuple[float, i
 
 def _measure(subject: Subject, ctx: Any, case: Case, config: BenchConfig, T: int, row: Row,
              forward: Callable, with_train: bool = True) -> None:
+    device = current_device()
     rule_gates = getattr(ctx, "gate_names", ()) if case.kind == "rule" else ()
-    inp = make_inputs(case, rule_gates, T=T, **config.sizes).requires_grad_()
+    inp = make_inputs(case, rule_gates, T=T, device=device, **config.sizes).requires_grad_()
     params = [p for p in subject.parameters(ctx) if p.requires_grad]
 
     def fwd():
@@ -271,21 +294,21 @@ def _measure(subject: Subject, ctx: Any, case: Case, config: BenchConfig, T: int
         y = forward(ctx, inp)
         (y * inp.dy).sum().backward()
 
-    t, row.runs = _timed(fwd, config.repeats, config.slow_s)
+    t, row.runs = _timed(fwd, config.repeats, config.slow_s, device)
     row.fwd_ms = t * 1e3
     if with_train:
         gc.collect()
-        t, row.runs = _timed(train, config.repeats, config.slow_s)
+        t, row.runs = _timed(train, config.repeats, config.slow_s, device)
         row.train_ms = t * 1e3
     if config.memory:
         gc.collect()
-        row.peak_fwd_mib = peak_tensor_bytes(fwd) / MIB
+        row.peak_fwd_mib = peak_bytes(fwd, device) / MIB
         if with_train:
             inp.zero_grad()
             for p in params:
                 p.grad = None
             gc.collect()
-            row.peak_train_mib = peak_tensor_bytes(train) / MIB
+            row.peak_train_mib = peak_bytes(train, device) / MIB
     inp.zero_grad()
 
 
@@ -297,38 +320,48 @@ def _compiled(subject: Subject) -> Callable:
 def run_bench(config: BenchConfig, subjects: list[Subject] | None = None,
               progress: Callable[[str], None] | None = None, problems: list[str] | None = None
               ) -> BenchResult:
-    """Run the benchmark. ``subjects`` are added to each case's default strategies (baselines);
-    ``progress`` receives one line per measurement."""
+    """Run the benchmark on ``config.device`` (ValueError when it is "cuda" without CUDA).
+    ``subjects`` are added to each case's default strategies (baselines); ``progress`` receives
+    one line per measurement."""
     config.validate()
+    device = resolve_device(config.device)
     say = progress or (lambda msg: None)
     prev_threads = torch.get_num_threads()
     torch.set_flush_denormal(True)  # decayed memories must not reach slow subnormal arithmetic
     if config.threads:
         torch.set_num_threads(config.threads)
     started = time.perf_counter()
-    machine = machine_info()
+    machine = machine_info(device)
     rows: list[Row] = []
     checks: list[dict[str, Any]] = []
     cost: dict[str, Any] = {}
     try:
-        for name in config.rules:
-            case = get_case(name)
-            subs = default_subjects(config, case)
-            for extra in subjects or []:
-                ok, why = extra.supports(case)
-                if ok:
-                    subs.append(extra)
-            case_rows = []
-            for sub in subs:
-                check = sub.check(case) if config.check else Check("skipped", "--no-check")
-                checks.append({"case": case.name, "subject": sub.name, **check.to_dict()})
-                say(f"[{case.name}] {sub.name}: check {check.status} {check.detail}")
-                case_rows.extend(_run_subject(config, case, sub, check, say))
-            rows.extend(case_rows)
-            if name == "atlas":
-                cost = _atlas_cost(config, case, subs, case_rows, say)
-        if config.atlas_long:
-            rows.extend(long_memory_rows(config, say))
+        with use_device(device):
+            for name in config.rules:
+                case = get_case(name)
+                subs = default_subjects(config, case)
+                for extra in subjects or []:
+                    ok, why = extra.supports(case)
+                    if ok:
+                        subs.append(extra)
+                case_rows = []
+                for sub in subs:
+                    check = sub.check(case) if config.check else Check("skipped", "--no-check")
+                    not_here = _not_on_device(case, sub, check, device)
+                    if not_here:
+                        check = Check("skipped", not_here)
+                    checks.append({"case": case.name, "subject": sub.name, **check.to_dict()})
+                    say(f"[{case.name}] {sub.name}: check {check.status} {check.detail}")
+                    if not_here:
+                        case_rows.extend(Row(case.name, sub.name, sub.group, T, "skipped", check="skipped",
+                                             note=not_here) for T in sorted(config.lengths))
+                        continue
+                    case_rows.extend(_run_subject(config, case, sub, check, say))
+                rows.extend(case_rows)
+                if name == "atlas":
+                    cost = _atlas_cost(config, case, subs, case_rows, say)
+            if config.atlas_long:
+                rows.extend(long_memory_rows(config, say))
     finally:
         torch.set_num_threads(prev_threads)
         torch.set_flush_denormal(False)
@@ -338,8 +371,22 @@ def run_bench(config: BenchConfig, subjects: list[Subject] | None = None,
     except OSError:
         pass
     cfg = asdict(config)
+    cfg["device"] = str(device)  # the resolved one ("auto" -> "cuda" or "cpu")
     return BenchResult(cfg, machine, checks, rows, list(problems or []), time.perf_counter() - started,
                        atlas_cost=cost)
+
+
+def _not_on_device(case: Case, sub: Subject, check: Check, device: torch.device) -> str:
+    """Why ``sub`` does not run on a GPU ``device`` (empty: it does): its check raised there but
+    passes on the CPU (a subject written for the CPU). A check that raises on the CPU as well, or
+    that computes different numbers, stays a failure."""
+    if device.type == "cpu" or check.status != "error":
+        return ""
+    with use_device("cpu"):
+        cpu = sub.check(case)
+    if cpu.status not in ("passed", "reference", "external"):
+        return ""
+    return f"not run on {device}: its check raised there ({check.detail[:200]}); on the CPU it {cpu.status}"
 
 
 def _atlas_cost(config: BenchConfig, case: Case, subs: list[Subject], rows: list[Row], say) -> dict[str, Any]:
@@ -350,27 +397,31 @@ def _atlas_cost(config: BenchConfig, case: Case, subs: list[Subject], rows: list
     rule = case.rule(sizes["H"], sizes["Dk"], sizes["Dv"])
     chunks = {s.name: getattr(s, "chunk_size", None) for s in subs if getattr(s, "chunk_size", None)}
     C = max(chunks.values(), default=config.chunk)
-    rate = atlas_cost.matmul_rate(rule, C, sizes["B"], sizes["H"])
+    device = current_device()
+    rate = atlas_cost.matmul_rate(rule, C, sizes["B"], sizes["H"], device=device)
     out = atlas_cost.cost_rows(rows, rule, lambda r: chunks.get(r.subject), sizes, rate)
     parts = atlas_cost.macs_per_token(rule, C)
-    say(f"[atlas] plain matmul of Newton-Schulz's shapes: {rate / 1e9:.2f} G multiply-adds/s; "
+    say(f"[atlas] plain matmul of Newton-Schulz's shapes on {device}: {rate / 1e9:.2f} G multiply-adds/s; "
         f"{sum(parts.values()) * sizes['H'] / 1e6:.1f} M multiply-adds per token (C={C})")
-    return {"matmul_macs_per_s": rate, "chunk": C, "macs_per_head_token": parts, "rows": out}
+    return {"matmul_macs_per_s": rate, "chunk": C, "macs_per_head_token": parts, "rows": out,
+            "device": str(device)}
 
 
 def long_memory_rows(config: BenchConfig, say) -> list[Row]:
     """Atlas (``atlas_muon:atlas`` under its default strategy, ``"auto"``) at each length of
     ``config.atlas_long``: one fwd+bwd under the peak-memory probe, its time included (the probe
-    adds a few microseconds per operator). Rows of group ``"long"``."""
+    adds a few microseconds per operator on the CPU). Rows of group ``"long"``. On the benchmark's
+    device (`device.current_device`; on a GPU the peak is CUDA's allocator counter)."""
+    device = current_device()
     case = get_case("atlas")
     sizes = config.sizes
-    rule = case.rule(sizes["H"], sizes["Dk"], sizes["Dv"])
+    rule = case.rule(sizes["H"], sizes["Dk"], sizes["Dv"], device=device)
     name = f"auto: {rule.runner('auto').describe()}"
     rows = []
     for T in sorted(config.atlas_long):
         row = Row(case.name, name, "long", T, check="-", runs=1,
                   note="one fwd+bwd under the memory probe (its time included)")
-        inp = make_inputs(case, rule.gate_names, T=T, **sizes).requires_grad_()
+        inp = make_inputs(case, rule.gate_names, T=T, device=device, **sizes).requires_grad_()
 
         def train():
             y, _ = rule(inp.q, inp.k, inp.v, gates=inp.gates, strategy="auto")
@@ -378,9 +429,9 @@ def long_memory_rows(config: BenchConfig, say) -> list[Row]:
 
         gc.collect()
         try:
-            t0 = time.perf_counter()
-            row.peak_train_mib = peak_tensor_bytes(train) / MIB
-            row.train_ms = (time.perf_counter() - t0) * 1e3
+            t0 = clock(device)
+            row.peak_train_mib = peak_bytes(train, device) / MIB
+            row.train_ms = (clock(device) - t0) * 1e3
         except Exception as exc:  # noqa: BLE001 - reported in the row
             row.status, row.note = "error", f"{type(exc).__name__}: {str(exc)[:200]}"
         for p in rule.parameters():
@@ -393,9 +444,17 @@ def long_memory_rows(config: BenchConfig, say) -> list[Row]:
 
 def _run_subject(config: BenchConfig, case: Case, sub: Subject, check: Check, say) -> list[Row]:
     rows = []
+    device = current_device()
     try:
         ctx = sub.setup(case, config.sizes, torch.float32)
+        if isinstance(ctx, torch.nn.Module):  # a baseline's module built on the CPU
+            ctx = ctx.to(device)
     except Exception as exc:  # noqa: BLE001 - reported in the row
+        if device.type != "cpu":  # a subject written for the CPU: skipped here, with the reason
+            note = f"not run on {device}: setup failed: {type(exc).__name__}: {exc}"
+            say(f"[{case.name}] {sub.name}: {note}")
+            return [Row(case.name, sub.name, sub.group, T, "skipped", check=check.status, note=note)
+                    for T in sorted(config.lengths)]
         return [Row(case.name, sub.name, sub.group, T, "error", check=check.status,
                     note=f"setup failed: {type(exc).__name__}: {exc}") for T in config.lengths]
     forward = _compiled(sub) if config.compile else sub.forward

@@ -15,10 +15,17 @@ any timing the subject runs a small float64 problem, as one call and as two call
 chunk with the state carried, and its outputs and final state are compared with
 ``core:sequential`` on that rule. A subject that differs is marked FAILED, and the benchmark
 reports no speedup for it.
+
+The check runs on the benchmark's device (`device.current_device`). On a GPU it runs twice: in
+float64 (the algorithm, tolerance `CHECK_TOL`), and in float32, the dtype that is timed and that
+the GPU kernel backends serve (they refuse float64, so only this run reaches them), against the
+same float64 reference with the float32 tolerance of `CHECK_TOLS`. TF32 is switched off inside the
+check (``torch.backends.cuda.matmul`` and ``cudnn``): the tolerance is for IEEE float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -28,9 +35,39 @@ from typing import Any, Callable
 import torch
 
 from .cases import Case, Inputs, make_inputs
+from .device import current_device, is_cuda
 
 CHECK_TOL = 1e-8  # float64: max |diff| <= CHECK_TOL * (1 + max |reference|)
+#: the gate's tolerance per dtype the subject runs in (the reference is always float64); the
+#: float32 check runs on a GPU only (`check_dtypes`)
+CHECK_TOLS = {torch.float64: CHECK_TOL, torch.float32: 1e-4}
 CHECK_SIZES = dict(B=1, H=2, Dk=8, Dv=8)
+
+
+def check_dtypes(device=None) -> tuple[torch.dtype, ...]:
+    """The dtypes a subject's equivalence check runs in on ``device`` (None: the benchmark's):
+    float64 on the CPU; float64 and float32 (what is timed) on a GPU."""
+    device = current_device() if device is None else device
+    return (torch.float64, torch.float32) if is_cuda(device) else (torch.float64,)
+
+
+@contextlib.contextmanager
+def _ieee_float32(device):
+    """TF32 off for the block on a CUDA device (the float32 tolerance is for IEEE float32)."""
+    if not is_cuda(device):
+        yield
+        return
+    prev = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
+def _on(device) -> str:
+    """"; on cuda:0" for a check that ran on a GPU (empty on the CPU: the detail is unchanged)."""
+    return f"; on {device}, float32 too" if is_cuda(device) else ""
 
 
 @dataclass
@@ -61,8 +98,11 @@ class Subject:
         return True, ""
 
     def setup(self, case: Case, sizes: dict[str, int], dtype: torch.dtype) -> Any:
-        """Build what the forward needs (a rule, a module) for these sizes; called once per case."""
-        return case.rule(sizes["H"], sizes["Dk"], sizes["Dv"], dtype, anchor=self.anchor)
+        """Build what the forward needs (a rule, a module) for these sizes, on the benchmark's
+        device (`device.current_device`; the runner moves a module built elsewhere there);
+        called once per case."""
+        return case.rule(sizes["H"], sizes["Dk"], sizes["Dv"], dtype, anchor=self.anchor,
+                         device=current_device())
 
     def forward(self, ctx: Any, inp: Inputs) -> torch.Tensor:
         raise NotImplementedError
@@ -112,36 +152,60 @@ def check_against_rule(case: Case, run: Callable[..., tuple], chunk_size: int | 
     (strategy None: the subject's own setting; else that strategy's value), continuing from
     ``state``. The rule is the case's, rebuilt with ``anchor`` when given. With ``split`` the
     subject also runs the problem as two calls cut inside a chunk (at C + C // 2 + 1 tokens),
-    the second given the first's state; both must equal one call of ``core:sequential``."""
-    rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"], torch.float64, anchor=anchor)
+    the second given the first's state; both must equal one call of ``core:sequential``.
+
+    Rule and inputs are on the benchmark's device; the subject runs in each dtype of
+    `check_dtypes` (float64; on a GPU float32 too), always against the float64 reference, within
+    that dtype's `CHECK_TOLS`. ``max_err`` is the float64 one."""
+    device = current_device()
+    dtypes = check_dtypes(device)
     C = chunk_size or 1
     T = T or min(max(2 * C + 5, 37), 160)
-    inp = make_inputs(case, rule.gate_names, T=T, dtype=torch.float64, seed=1, **CHECK_SIZES)
     ref = "core:sequential" + on_rule(anchor)
+    cut = C + C // 2 + 1
     try:
-        with torch.no_grad():
-            got = run(rule, inp, None)
-            seq = run(rule, inp, "core:sequential")
-            if not all(torch.isfinite(t).all() for t in [seq[0], *seq[1].values()]):
-                return Check("error", f"{ref} gave non-finite values on the check inputs")
-            err = _max_rel_err(got, seq)
-            if err > CHECK_TOL:
-                return Check("FAILED", f"differs from {ref} by {err:.2e} (T={T})", err)
+        with torch.no_grad(), _ieee_float32(device):
+            seq = None
+            errs: dict[torch.dtype, float] = {}
+            for dtype in dtypes:
+                rule = case.rule(CHECK_SIZES["H"], CHECK_SIZES["Dk"], CHECK_SIZES["Dv"], dtype,
+                                 anchor=anchor, device=device)
+                inp = make_inputs(case, rule.gate_names, T=T, dtype=dtype, seed=1, device=device,
+                                  **CHECK_SIZES)
+                tol, name = CHECK_TOLS[dtype], ("" if dtype == torch.float64 else f" in {_short(dtype)}")
+                got = run(rule, inp, None)
+                if seq is None:  # the first dtype is float64: the reference
+                    seq = run(rule, inp, "core:sequential")
+                    if not all(torch.isfinite(t).all() for t in [seq[0], *seq[1].values()]):
+                        return Check("error", f"{ref} gave non-finite values on the check inputs")
+                err = _max_rel_err(got, seq)
+                if err > tol:
+                    return Check("FAILED", f"differs from {ref}{name} by {err:.2e} (T={T}"
+                                 f"{'' if not name else f', tolerance {tol:.0e}'})", errs.get(torch.float64, err))
+                if split and 0 < cut < T:
+                    a = run(rule, _time_slice(inp, 0, cut), None)
+                    b = run(rule, _time_slice(inp, cut, None), None, state=a[1])
+                    joined = (torch.cat([a[0], b[0]], dim=1), b[1])
+                    err2 = _max_rel_err(joined, seq)
+                    if err2 > tol:
+                        return Check("FAILED", f"one call equals {ref}{name}, but two calls cut at "
+                                     f"token {cut} differ from it by {err2:.2e} (T={T})",
+                                     errs.get(torch.float64, err2))
+                    err = max(err, err2)
+                errs[dtype] = err
             detail = f"equals {ref} (T={T}"
-            cut = C + C // 2 + 1
             if split and 0 < cut < T:
-                a = run(rule, _time_slice(inp, 0, cut), None)
-                b = run(rule, _time_slice(inp, cut, None), None, state=a[1])
-                joined = (torch.cat([a[0], b[0]], dim=1), b[1])
-                err2 = _max_rel_err(joined, seq)
-                if err2 > CHECK_TOL:
-                    return Check("FAILED", f"one call equals {ref}, but two calls cut at token {cut} "
-                                 f"differ from it by {err2:.2e} (T={T})", err2)
-                err = max(err, err2)
                 detail += f"; also as two calls cut at token {cut}"
-            return Check("passed", detail + ")", err)
+            detail += _on(device)
+            if len(errs) > 1:
+                detail += ": " + ", ".join(f"{_short(d)} {e:.1e} <= {CHECK_TOLS[d]:.0e}" for d, e in errs.items())
+            return Check("passed", detail + ")", errs[torch.float64])
     except Exception as exc:  # noqa: BLE001 - a crash is a failed check, reported with its reason
         return Check("error", f"{type(exc).__name__}: {exc}")
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def _time_slice(inp: Inputs, start: int, stop: int | None) -> Inputs:
@@ -241,17 +305,20 @@ class LayerSubject(Subject):
         return layer.to(dtype)
 
     def setup(self, case: Case, sizes: dict[str, int], dtype: torch.dtype):
-        return self._layer(case, sizes, dtype, self.inner._value())
+        return self._layer(case, sizes, dtype, self.inner._value()).to(current_device())
 
     def forward(self, layer, inp: Inputs) -> torch.Tensor:
         return layer(inp.x)[0]
 
     def check(self, case: Case) -> Check:
-        layer = self._layer(case, CHECK_SIZES, torch.float64, self.inner._value())
-        own = layer.runner
+        # one layer per dtype of the check (same weights: built in float64 on the CPU, then cast)
+        layers = {d: self._layer(case, CHECK_SIZES, torch.float64, self.inner._value()).to(d).to(current_device())
+                  for d in check_dtypes()}
 
         def run(rule_unused, inp, strategy, state=None):
             # the layer runs its bound runner: swap it for core:sequential on the same rule
+            layer = layers[inp.x.dtype]
+            own = layer.runner
             layer.runner = own if strategy is None else layer.rule.runner(strategy)
             try:
                 return layer(inp.x, state)
@@ -299,7 +366,7 @@ class DecodeSubject(Subject):
         return model.to(dtype).eval()
 
     def setup(self, case: Case, sizes: dict[str, int], dtype: torch.dtype):
-        return self.build(case, sizes, dtype)
+        return self.build(case, sizes, dtype).to(current_device())
 
     def tokens(self, B: int, n: int) -> torch.Tensor:
         """The decoded tokens: fixed ids (seed 7), whatever the chunk size and the logits."""
@@ -322,10 +389,11 @@ class DecodeSubject(Subject):
         return []
 
     def measure(self, model, case: Case, config: Any, T: int, row: Any) -> None:
-        import time
+        from .device import clock
 
-        inp = make_inputs(case, (), T=T, **config.sizes)
-        toks = self.tokens(config.batch, self.decode_tokens)
+        device = current_device()
+        inp = make_inputs(case, (), T=T, device=device, **config.sizes)
+        toks = self.tokens(config.batch, self.decode_tokens).to(device)
         with torch.no_grad():
             _, start = model.step(inp.x, None)  # the prompt: not timed
 
@@ -336,9 +404,9 @@ class DecodeSubject(Subject):
 
             best, runs = float("inf"), 0
             for _ in range(1 + config.repeats):
-                t0 = time.perf_counter()
+                t0 = clock(device)
                 loop()
-                best = min(best, time.perf_counter() - t0)
+                best = min(best, clock(device) - t0)
                 runs += 1
         row.fwd_ms = best / toks.shape[1] * 1e3
         row.runs = runs
@@ -346,21 +414,33 @@ class DecodeSubject(Subject):
 
     def check(self, case: Case) -> Check:
         """Every logit of the prompt and of the decoded tokens equals the same model (same
-        weights) run by core:sequential, float64 (a strategy never changes the function)."""
+        weights) run by core:sequential, float64 (a strategy never changes the function); on a
+        GPU the model in float32 too, against the same float64 reference (`CHECK_TOLS`)."""
+        device = current_device()
         try:
             sizes = dict(CHECK_SIZES)
-            model = self.build(case, sizes, torch.float64)
-            seq = self.build(case, sizes, torch.float64, strategy="core:sequential")
+            seq = self.build(case, sizes, torch.float64, strategy="core:sequential").to(device)
             T = min(max(2 * self.chunk_size + 5, 37), 160)
-            prompt = make_inputs(case, (), T=T, **sizes).x
-            toks = self.tokens(sizes["B"], 8)
-            got, want = self.decode(model, prompt, toks), self.decode(seq, prompt, toks)
-            err = (got - want).abs().max().item() / (1.0 + want.abs().max().item())
-            if not err <= CHECK_TOL:
-                return Check("FAILED", f"decoded logits differ from the model under core:sequential by "
-                             f"{err:.2e} (prompt T={T}, 8 one-token steps)", err)
-            return Check("passed", f"decoded logits equal the model under core:sequential (prompt "
-                         f"T={T}, 8 one-token steps)", err)
+            prompt = make_inputs(case, (), T=T, device=device, **sizes).x
+            toks = self.tokens(sizes["B"], 8).to(device)
+            with _ieee_float32(device):
+                want = self.decode(seq, prompt, toks)
+                errs = {}
+                for dtype in check_dtypes(device):
+                    model = self.build(case, sizes, torch.float64).to(dtype).to(device)
+                    got = self.decode(model, prompt, toks).double()
+                    err = (got - want).abs().max().item() / (1.0 + want.abs().max().item())
+                    if not err <= CHECK_TOLS[dtype]:
+                        name = "" if dtype == torch.float64 else f" in {_short(dtype)}"
+                        return Check("FAILED", f"decoded logits{name} differ from the model under "
+                                     f"core:sequential by {err:.2e} (prompt T={T}, 8 one-token steps)",
+                                     errs.get(torch.float64, err))
+                    errs[dtype] = err
+            detail = f"prompt T={T}, 8 one-token steps{_on(device)}"
+            if len(errs) > 1:
+                detail += ": " + ", ".join(f"{_short(d)} {e:.1e} <= {CHECK_TOLS[d]:.0e}" for d, e in errs.items())
+            return Check("passed", f"decoded logits equal the model under core:sequential ({detail})",
+                         errs[torch.float64])
         except Exception as exc:  # noqa: BLE001
             return Check("error", f"{type(exc).__name__}: {exc}")
 
