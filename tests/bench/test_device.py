@@ -173,3 +173,52 @@ def test_a_subject_that_cannot_run_on_cuda_is_skipped_with_the_reason():
         broken = _DeviceBound(everywhere=True)  # raises on the CPU too: stays a failure
         assert runner._not_on_device(case, broken, broken.check(case), cuda) == ""
     assert runner._not_on_device(case, sub, Check("error", "x"), torch.device("cpu")) == ""
+
+
+class _SetupFails(Subject):
+    """A baseline whose module cannot be built on the device."""
+
+    name = "setup-fails"
+    group = "baseline"
+
+    def check(self, case):
+        return Check("external", "not compared")
+
+    def setup(self, case, sizes, dtype):
+        raise RuntimeError("no kernel for this device")
+
+
+@no_cuda
+def test_subjects_that_cannot_run_on_the_device_are_skipped_not_failed(monkeypatch):
+    """The whole run with the device said to be CUDA on a machine without it: a strategy's check
+    raises there and passes on the CPU (skipped, with the reason); a baseline whose setup fails
+    there is skipped too; nothing is timed and nothing counts as a failed check."""
+    monkeypatch.setattr(runner, "resolve_device", lambda name, option="device": torch.device("cuda"))
+    monkeypatch.setattr(runner, "machine_info", lambda device: {"device": str(device)})
+    monkeypatch.setattr(runner, "_measure", lambda *a, **k: pytest.fail("nothing may be timed"))
+    said = []
+    cfg = BenchConfig(rules=["delta"], lengths=[8, 16], batch=1, heads=1, dim=4, chunk=4,
+                      exact_chunks=[4], repeats=1, memory=False, strategies=["core:exact_chunk"])
+    res = run_bench(cfg, subjects=[_SetupFails()], progress=said.append)
+    assert res.config["device"] == "cuda"
+    checks = {c["subject"]: c for c in res.checks}
+    exact = checks["core:exact_chunk(C=4)"]
+    assert exact["status"] == "skipped" and exact["detail"].startswith("not run on cuda: its check raised there")
+    assert exact["detail"].endswith("on the CPU it passed")
+    assert checks["setup-fails"]["status"] == "external"
+    assert [(r.subject, r.T, r.status) for r in res.rows] == [
+        ("core:exact_chunk(C=4)", 8, "skipped"), ("core:exact_chunk(C=4)", 16, "skipped"),
+        ("setup-fails", 8, "skipped"), ("setup-fails", 16, "skipped")]
+    assert all(r.note.startswith("not run on cuda: ") for r in res.rows)
+    assert "[delta] setup-fails: not run on cuda: setup failed: RuntimeError: no kernel for this device" in said
+    assert not [c for c in res.checks if c["status"] in ("FAILED", "error")]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tiny_bench_on_cuda():
+    data = _bench_json("--device", "cuda", "--no-baselines")
+    assert data["config"]["device"].startswith("cuda") and data["machine"]["device"].startswith("cuda")
+    assert data["machine"]["device_name"] == torch.cuda.get_device_name()
+    assert all(r["status"] == "ok" and r["fwd_ms"] > 0 and r["peak_train_mib"] > 0 for r in data["rows"])
+    passed = [c for c in data["checks"] if c["status"] == "passed"]
+    assert passed and all("float32" in c["detail"] for c in passed)
