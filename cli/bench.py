@@ -73,7 +73,7 @@ def _human(data: dict[str, Any]) -> None:
     con.print(table)
     for c in data["checks"]:
         if c["status"] not in ("passed", "reference"):
-            con.print(f"check {c['status']}: [{escape(c['case'])}] {escape(c['subject'])}: "
+            con.print(f"check {c['status']}: {escape('[' + c['case'] + ']')} {escape(c['subject'])}: "
                       f"{escape(c['detail'])}")
     measured = [t for t in data["targets"] if t["ok"] is not None]
     if measured:
