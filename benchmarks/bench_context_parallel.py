@@ -15,6 +15,11 @@ parallelism). Reported, median of ``--repeat`` steps after one warm-up, slowest 
   T / R tokens without context parallelism (slowest): the slices' work under the same sharing of
   the cores as the R ranks (with R above the core count, processes that share a core slow each
   other's CPU time down too: caches, the core's other hardware thread);
+- ``cpu xT``: each rank's CPU time over the plain step of its own slice run by the same process
+  in turn with its context-parallel steps (the R ranks take both steps together, so the baseline
+  shares the cores as the ranks do and sees the same load at the same moments), the largest
+  over the ranks; ``per rank``: every rank's. The least noisy figure on a shared machine: the
+  separate baselines above run minutes apart;
 - ``proc s``: the same over every thread of the process (``time.process_time``): it adds
   gloo's own threads, which poll while a collective waits for a slower rank, so on shared cores
   it grows with the waiting, not with the rank's work;
@@ -112,31 +117,42 @@ def measure(payload, info) -> dict:
     q, k, v, gates = _slice(rule, T, R, r)
     strategy = rule.default_strategy
 
-    def once() -> tuple[float, float, float]:
+    def once(cp: bool) -> tuple[float, float, float]:
         if R > 1:
             dist.barrier()  # start together: no rank's time includes another's warm-up
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-        if R == 1 or plain:
-            y, _ = rule(q, k, v, gates=gates, strategy=strategy)
-        else:
+        if cp:
             y, _ = context_parallel(rule, q, k, v, gates, group=None, strategy=strategy)
+        else:
+            y, _ = rule(q, k, v, gates=gates, strategy=strategy)
         y.square().sum().backward()
         c1, p1 = time.thread_time(), time.process_time()
         if R > 1:
             dist.barrier()
         return time.perf_counter() - t0, c1 - c0, p1 - p0
 
-    once()  # warm-up
+    cp = R > 1 and not plain
+    once(cp)  # warm-up
+    if cp:
+        once(False)
     base = _status("VmRSS")
     _reset_peak()
-    runs = [once() for _ in range(repeat)]
+    runs, alone = [], []
+    for _ in range(repeat):  # with context parallelism, the plain slice step in turn
+        runs.append(once(cp))
+        if cp:
+            alone.append(once(False)[1])
     out = {"wall": statistics.median(x[0] for x in runs), "cpu": statistics.median(x[1] for x in runs),
-           "proc": statistics.median(x[2] for x in runs), "peak_mib": _status("VmHWM") - base, "mode": mode_for(rule) if R > 1 and not plain else "-"}
+           "proc": statistics.median(x[2] for x in runs), "peak_mib": _status("VmHWM") - base,
+           "mode": mode_for(rule) if cp else "-"}
+    out["ratio"] = out["cpu"] / statistics.median(alone) if cp else float("nan")
     if R > 1:
         every = [None] * R
         dist.all_gather_object(every, out)
         return {"wall": max(e["wall"] for e in every), "cpu": max(e["cpu"] for e in every),
-                "proc": max(e["proc"] for e in every), "peak_mib": max(e["peak_mib"] for e in every), "mode": out["mode"]}
+                "proc": max(e["proc"] for e in every), "peak_mib": max(e["peak_mib"] for e in every),
+                "mode": out["mode"], "ratio": max(e["ratio"] for e in every),
+                "ratios": [e["ratio"] for e in every]}
     return out
 
 
@@ -171,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", nargs="+",
                     default=["titans:titans", "titans:titans/exact", "zoo:gated_deltanet/exact",
                              "omega:omeganet/exact"])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--dim", type=int, default=16, help="head size (Dk = Dv)")
     ap.add_argument("--threads", type=int, default=1, help="threads per process (default 1)")
@@ -182,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}, heads {args.heads}, D {args.dim}, batch 1, float32; {load()}")
     print(f"{'rule':26s} {'T':>6s} {'R':>2s} {'mode':>6s} {'cpu s':>7s} {'1p cpu':>7s} "
           f"{'cpu x':>6s} {'Rp cpu':>7s} {'cpu xR':>6s} {'proc s':>7s} {'wall s':>7s} "
-          f"{'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} {'MiB/rank':>8s}")
+          f"{'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} {'MiB/rank':>8s} {'cpu xT':>6s}  per rank")
     for name in args.rules:
         over: set[int] = set()
         for T in sorted(args.T):
@@ -198,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
                     over.add(R)
                 print(f"{name:26s} {T:6d} {R:2d} {m['mode']:>6s} {m['cpu']:7.3f} {one['cpu']:7.3f} "
                       f"{m['cpu'] / one['cpu']:6.2f} {alike['cpu']:7.3f} {m['cpu'] / alike['cpu']:6.2f} {m['proc']:7.3f} {m['wall']:7.3f} {one['wall']:7.3f} "
-                      f"{m['wall'] / one['wall']:6.2f} {T / m['wall']:8.0f} {m['peak_mib']:8.0f}",
+                      f"{m['wall'] / one['wall']:6.2f} {T / m['wall']:8.0f} {m['peak_mib']:8.0f} "
+                      f"{m.get('ratio', float('nan')):6.2f}  "
+                      + " ".join(f"{x:.2f}" for x in m.get("ratios", [])),
                       flush=True)
     print(f"# {load()}")
     return 0

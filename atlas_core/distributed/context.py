@@ -70,7 +70,10 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from .state_map import analytic_form, positions, slice_map
+from .. import input_checks
+from ..strategies.exact_chunk import ExactChunk
+from .state_map import (ExactPieces, SliceMap, analytic_form, exact_pieces, flush_subnormals,
+                        positions, scan_for, slice_map)
 
 ANCHOR_POS = "anchor.pos"
 CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
@@ -246,18 +249,49 @@ def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     return P, C
 
 
-def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
+def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor, compose: bool = True):
     """``(P, C, map)`` of this rank's slice: from the rule's chunk form when it has one
     (`state_map.slice_map`, ``map`` kept for the backward's `SliceMap.read_grad`), else by
-    `_probe` (``map`` None)."""
+    `_probe` (``map`` None). ``compose=False`` (the last rank, whose map no rank applies): the
+    chunk form's pieces only, or for a probed map nothing (``P``, ``C`` None)."""
     if analytic_form(call.rule) is None:
+        if not compose:
+            return None, None, None
         return (*_probe(call, q, k, v, gates, carried, like), None)
     state = dict(carried)
     state.update(_unrows(torch.zeros_like(like), call.memory_keys))
     with torch.no_grad():
         p = call.rule.prepare(q, k, v, gates or None, state)
-        sm = slice_map(call.rule, p, call.memory_keys)
+        sm = slice_map(call.rule, p, call.memory_keys, compose=compose)
+    if not compose:
+        return None, None, sm
     return sm.P.to(like.dtype), sm.C.to(like.dtype), sm
+
+
+def _exact_chunk(call: _Call, q: torch.Tensor) -> int | None:
+    """The chunk size when this rank runs its slice from `state_map.ExactPieces` (the pieces
+    formed once for both the map and the run): the strategy is ``core:exact_chunk`` on a rule of
+    the exact form (`state_map.analytic_form`), the slice holds more than one token, autocast is
+    off and the opt-in input checks are off (else the rule's own call runs the slice). None
+    otherwise."""
+    rule = call.rule
+    if analytic_form(rule) != "exact" or q.shape[1] < 2 or rule.form.retention_shape == "key":
+        return None
+    strat = rule.runner(call.strategy)
+    if not isinstance(strat, ExactChunk):
+        return None
+    if torch.is_autocast_enabled(q.device.type) or input_checks.wanted(None):
+        return None
+    return strat.chunk_for(rule)
+
+
+def _run_pieces(call: _Call, p, pieces: ExactPieces, rows_in: torch.Tensor):
+    """The slice from the memory ``rows_in`` on the exact form's pieces, as the rule's call
+    returns it: ``(y [B, T, H, Dv], final state)``."""
+    rule = call.rule
+    y, St = pieces.loop(rows_in.transpose(-1, -2))
+    memory = {key: x.contiguous() for key, x in _unrows(St.transpose(-1, -2), call.memory_keys).items()}
+    return rule.finish(p, (y, rule.final_state(memory, {}, *rule.extended_inputs(p))))
 
 
 class _Affine(torch.autograd.Function):
@@ -265,28 +299,62 @@ class _Affine(torch.autograd.Function):
     def forward(ctx, call: _Call, *tensors):
         s0, q, k, v, gates, params = call.unpack(tensors)
         keys = call.memory_keys
+        first, last = call.rank == 0, call.rank == call.world - 1
         lengths = None  # the slices' lengths: read by a window's check and the anchor position
         if ANCHOR_POS in s0 or any(w in s0 for w in CARRIED[:3]):
             lengths = [int(x) for x in _gather(torch.tensor([q.shape[1]], device=q.device), call)]
         carried = _carried_inputs(call, s0, q, k, v, gates, lengths)
         rows0 = _rows(s0, keys).detach()
-        P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),
-                                {g: x.detach() for g, x in gates.items()}, carried, rows0)
-        n = P.shape[-1]  # one all-gather of both: [B, H, n, n + Dv]
-        every = _gather(torch.cat([P, C.transpose(-1, -2)], dim=-1), call)
-        Ps = [x[..., :n] for x in every]
-        Cs = [x[..., n:].transpose(-1, -2) for x in every]
-        rows = rows0
-        for j in range(call.rank):  # the scan over the ranks before this one
-            rows = rows @ Ps[j].transpose(-1, -2) + Cs[j]
+        B, H, Dv, n = rows0.shape
+        chunk = _exact_chunk(call, q)
         with torch.enable_grad():
-            rows_in = _leaf(rows)
             carried_in = {key: _leaf(x) for key, x in carried.items()}
             xs = [_leaf(x) for x in (q, k, v)]
             gs = {g: _leaf(x) for g, x in gates.items()}
-            state = dict(carried_in)
-            state.update(_unrows(rows_in, keys))
-            y, out = call.run(*xs, gs, state)
+            pieces = None
+            if chunk is not None:  # the chunk form's pieces, once, for the map and the run
+                state = dict(carried_in)
+                state.update(_unrows(torch.zeros_like(rows0), keys))
+                p = call.rule.prepare(*xs, gs or None, state)
+                pieces = exact_pieces(call.rule, p, chunk)
+
+        def run(rows_in):
+            with torch.enable_grad():
+                if pieces is not None:
+                    return _run_pieces(call, p, pieces, rows_in)
+                state = dict(carried_in)
+                state.update(_unrows(rows_in, keys))
+                return call.run(*xs, gs, state)
+
+        smap = None
+        if first:  # its initial memory is s0: it runs its slice now and hands on its final memory
+            rows_in = _leaf(rows0)
+            y, out = run(rows_in)
+            mine = torch.cat([rows0.new_zeros(B, H, n, n), _rows(out, keys).detach().transpose(-1, -2)], -1)
+        else:  # the map (the last rank's is applied by no rank: only its chunks', for read_grad)
+            if pieces is not None:
+                with torch.no_grad(), flush_subnormals():
+                    chunks = pieces.run()
+                    smap = SliceMap([chunks], scan=scan_for("exact", n, not last), compose=not last)
+                    P, C = smap.P, smap.C
+            else:
+                P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),
+                                        {g: x.detach() for g, x in gates.items()}, carried, rows0,
+                                        compose=not last)
+            if last:
+                mine = rows0.new_zeros(B, H, n, n + Dv)
+            else:
+                mine = torch.cat([P.to(rows0.dtype), C.to(rows0.dtype).transpose(-1, -2)], dim=-1)
+        every = _gather(mine, call)  # [P | C^T] of every rank: [B, H, n, n + Dv]; rank 0's P unused
+        Ps = [x[..., :n] for x in every]
+        if not first:  # the scan over the ranks before this one, from rank 0's final memory
+            rows = every[0][..., n:].transpose(-1, -2)
+            for j in range(1, call.rank):
+                rows = torch.baddbmm(every[j][..., n:].transpose(-1, -2).flatten(0, 1), rows.flatten(0, 1),
+                                     Ps[j].transpose(-1, -2).flatten(0, 1)).unflatten(0, (B, H))
+            rows_in = _leaf(rows)
+            y, out = run(rows_in)
+        with torch.enable_grad():
             rows_out = _rows(out, keys)
         ctx.call, ctx.Ps, ctx.smap = call, Ps, smap
         ctx.graph = (y, rows_out, {w: out[w] for w in CARRIED[:3] if w in out})
@@ -297,27 +365,40 @@ class _Affine(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, *gstate):
         call, Ps = ctx.call, ctx.Ps
+        first, last = call.rank == 0, call.rank == call.world - 1
         y, rows_out, window_out = ctx.graph
         rows_in, carried_in, xs, gs, params = ctx.leaves
         keys = call.memory_keys
         gS = dict(zip(call.state_keys, gstate))
         zeros = torch.zeros_like(rows_out)
+        given = any(gS[key] is not None for key in keys)
         g_S = torch.cat([g if (g := gS[key]) is not None else torch.zeros_like(part)
                          for key, part in zip(keys, rows_out.chunk(len(keys), dim=-1))], dim=-1)
         # 1. g_r: the gradient of this rank's outputs with respect to its initial memory, from
-        # the slice map's reads (no backward pass) or, for a probed map, by autograd
-        if ctx.smap is not None:
-            g_loc = ctx.smap.read_grad(positions(call.rule, gy).to(rows_out.dtype)).to(rows_out.dtype)
+        # the slice map's reads (no backward pass) or, for a probed map, by autograd; the last
+        # rank's adds its final memory's gradient carried back through its slice (so no rank
+        # needs its map); rank 0's is read by no rank
+        g_loc = None
+        if first:
+            pass
+        elif ctx.smap is not None:
+            g_loc = ctx.smap.read_grad(positions(call.rule, gy).to(rows_out.dtype),
+                                       g_S if last and given else None).to(rows_out.dtype)
+        elif last:
+            (g_loc,) = _grads([y, rows_out], [rows_in], [gy, g_S], retain=True)
         else:
             (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
         g_loc = zeros if g_loc is None else g_loc
         every = _gather(torch.cat([g_loc, g_S], dim=-2), call)  # one all-gather of both
         Dv = g_loc.shape[-2]
         gl, gss = [x[..., :Dv, :] for x in every], [x[..., Dv:, :] for x in every]
-        # 2. the scan back: mu_{j} = g_j + (gS_j + mu_{j+1}) P_j, from the last rank down
-        mu = torch.zeros_like(g_loc)
-        for j in range(call.world - 1, call.rank, -1):
-            mu = gl[j] + (gss[j] + mu) @ Ps[j]
+        # 2. the scan back: mu_j = g_j + (gS_j + mu_{j+1}) P_j, from the last rank down (the
+        # last rank's g already holds its gS P)
+        mu = zeros
+        if not last:
+            mu = gl[call.world - 1]
+            for j in range(call.world - 2, call.rank, -1):
+                mu = gl[j] + (gss[j] + mu) @ Ps[j]
         into_out = g_S + mu  # the gradient of this rank's final memory
         window = list(window_out)
         carried_leaves = [carried_in[w] for w in window]

@@ -68,13 +68,25 @@ from ..forms.key_decay_chunk import decayed_scores
 MAP_CHUNK = 32
 
 
-#: the forms whose slice map is composed chunk after chunk in the structured form (`SliceMap`'s
-#: scan) rather than in a tree of formed maps, from n = K Dk = ``SCAN_FROM`` on: the anchored
-#: one, whose ``Dn Wm`` touches Dk columns (2 (K - 1) Dk n C a chunk against the tree's n^3);
-#: the exact forms' ``Dn Wm`` is dense (rank C c), so there the tree is as cheap and has fewer
-#: steps. Either gives the same map
-SCAN_FORMS = ("anchored",)
+#: from n = K Dk = ``SCAN_FROM`` on, a slice map may be composed chunk after chunk in the
+#: structured form (`SliceMap`'s scan) rather than in a tree of formed maps (`scan_for`)
 SCAN_FROM = 64
+
+
+def scan_for(kind: str, n: int, compose: bool = True) -> bool:
+    """Whether `SliceMap` composes chunk after chunk (``[P | c]`` carried through the structured
+    maps) rather than in a tree of formed maps, for a form ``kind`` and n = K Dk; with
+    ``compose=False`` (`read_grad` alone) whether it runs back chunk by chunk. Multiply-adds per
+    chunk of C tokens (C c with a window): the scan ``2 C n (n + Dv)`` to compose and
+    ``2 C n Dv`` back; the tree ``C n^2`` to form the map, ``n^3 + n^2 Dv`` to compose it with
+    its neighbour and ``n^2 Dv`` back, in fewer, larger batched products, but with ``[N, n, n]``
+    tensors per level. The anchored form's ``Dn Wm`` touches Dk columns only
+    (``2 (K - 1) Dk n`` a token): it scans from n = ``SCAN_FROM``; the exact and per-key forms
+    (``Dn Wm`` of rank C) compose in a tree below n = 2 ``SCAN_FROM`` and run back in one below
+    ``SCAN_FROM`` (measured on one CPU core at Dk = 16 and 64, n = 16 to 192)."""
+    if kind == "anchored" or not compose:
+        return n >= SCAN_FROM
+    return n >= 2 * SCAN_FROM
 
 
 @contextmanager
@@ -136,13 +148,6 @@ class _Run:
     Y: torch.Tensor
     tokens: int
     live: int | None = None
-    nonzero: list | None = None  # per chunk: the (i, j) of mix that are not 0 (read once)
-
-    def _pairs(self, i: int) -> list[tuple[int, int]]:
-        if self.nonzero is None:
-            self.nonzero = [[(a, b) for a, row in enumerate(m) for b, x in enumerate(row) if x]
-                            for m in (self.mix != 0).flatten(0, 1).any(0).tolist()]
-        return self.nonzero[i]
 
     def dense(self) -> torch.Tensor:
         """Every chunk's ``T [B, H, N, n, n]``."""
@@ -164,37 +169,30 @@ class _Run:
                 T[..., i * d:(i + 1) * d, j * d:(j + 1) * d].diagonal(dim1=-2, dim2=-1).add_(add)
         return T
 
-    def step(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """``T_i x`` for ``x [B, H, n, m]``."""
-        out = _mix(self.mix[:, :, i], x, self._pairs(i))
+    def step(self, x: torch.Tensor, i: int, out: torch.Tensor) -> torch.Tensor:
+        """``T_i x`` for ``x [B, H, n, m]``, written into ``out`` (x's shape and layout, not x):
+        the (mix (x) I) part in one batched product over the K blocks, then ``Dn (Wm x)`` added
+        in place."""
+        B, H, n, m = x.shape
+        K = self.mix.shape[-1]
+        torch.bmm(self.mix[:, :, i].reshape(B * H, K, K), x.view(B * H, K, -1), out=out.view(B * H, K, -1))
         if self.diag is not None:
-            out = self.diag[:, :, i].unsqueeze(-1) * out
+            out.mul_(self.diag[:, :, i].unsqueeze(-1))
         nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
-        top = _addmm(out[..., :nd, :], self.Dn[:, :, i], self.Wm[:, :, i] @ x[..., off:off + w, :])
-        return top if nd == out.shape[-2] else torch.cat([top, out[..., nd:, :]], dim=-2)
+        t = torch.bmm(self.Wm[:, :, i].flatten(0, 1), x[..., off:off + w, :].flatten(0, 1))
+        out[..., :nd, :].flatten(0, 1).baddbmm_(self.Dn[:, :, i].flatten(0, 1), t)
+        return out
 
-    def step_t(self, h: torch.Tensor, i: int) -> torch.Tensor:
-        """``T_i^T h`` for ``h [B, H, n, m]``."""
+    def step_t(self, h: torch.Tensor, i: int, out: torch.Tensor) -> torch.Tensor:
+        """``T_i^T h`` for ``h [B, H, n, m]``, written into ``out`` (as `step`)."""
+        B, H, n, m = h.shape
+        K = self.mix.shape[-1]
         d = h if self.diag is None else self.diag[:, :, i].unsqueeze(-1) * h
-        out = _mix(self.mix[:, :, i].mT, d, [(b, a) for a, b in self._pairs(i)])
+        torch.bmm(self.mix[:, :, i].mT.reshape(B * H, K, K), d.view(B * H, K, -1), out=out.view(B * H, K, -1))
         nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
-        part = _addmm(out[..., off:off + w, :], self.Wm[:, :, i].mT, self.Dn[:, :, i].mT @ h[..., :nd, :])
-        return part if w == out.shape[-2] else torch.cat([out[..., :off, :], part, out[..., off + w:, :]], dim=-2)
-
-
-def _mix(mix: torch.Tensor, x: torch.Tensor, pairs: list[tuple[int, int]] | None = None) -> torch.Tensor:
-    """``(mix (x) I) x``: ``mix [..., K, K]``, ``x [..., K d, m]`` (K is 1 to 3: a sum of scaled
-    blocks, cheaper than a product with a K-wide inner dimension); ``pairs``: the entries of
-    ``mix`` that may not be 0 (None: all)."""
-    K = mix.shape[-1]
-    if K == 1:
-        return mix * x
-    xs = x.chunk(K, dim=-2)
-    out = [None] * K
-    for i, j in pairs if pairs is not None else [(i, j) for i in range(K) for j in range(K)]:
-        term = mix[..., i, j, None, None] * xs[j]
-        out[i] = term if out[i] is None else out[i] + term
-    return torch.cat([o if o is not None else torch.zeros_like(xs[0]) for o in out], dim=-2)
+        t = torch.bmm(self.Dn[:, :, i].mT.flatten(0, 1), h[..., :nd, :].flatten(0, 1))
+        out[..., off:off + w, :].flatten(0, 1).baddbmm_(self.Wm[:, :, i].mT.flatten(0, 1), t)
+        return out
 
 
 def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
@@ -203,54 +201,57 @@ def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tens
     return torch.baddbmm(flat(a), flat(m1), flat(m2), alpha=-1).view(a.shape)
 
 
-def _addmm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tensor:
-    """``a + m1 @ m2`` for ``[B, H, ., .]`` operands, in one batched call."""
-    return torch.baddbmm(a.flatten(0, 1), m1.flatten(0, 1), m2.flatten(0, 1)).unflatten(0, a.shape[:2])
-
-
-
-
 class SliceMap:
     """The composed map of a slice (``P``, ``C`` in `context`'s rows layout) and what
-    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps."""
+    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps.
 
-    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False):
-        self.runs = runs
+    ``compose=False``: no ``C`` (the last rank of a context-parallel group, whose map no rank
+    applies, needs only `read_grad`): the scan form keeps the chunks' maps only (``P`` None too,
+    `read_grad` runs chunk by chunk), the tree composes the maps alone."""
+
+    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False,
+                 compose: bool = True):
+        self.runs, self.end, self.scan = runs, end, scan
         r0 = runs[0]
         n = r0.b.shape[-2]
-        self.scan = scan
+        self.P = self.C = None
+        if scan and not compose:
+            return
         if scan:  # [P | c] through the chunks; P's columns that the first chunk zeroes stay 0
             live = n if r0.live is None else r0.live
             x = torch.eye(n, dtype=r0.b.dtype, device=r0.b.device)[:, :live].expand(*r0.b.shape[:2], n, live)
             x = torch.cat([x, torch.zeros_like(r0.b[:, :, 0])], dim=-1)
+            spare = torch.empty_like(x)  # the two buffers the steps write in turn
             for run in runs:
                 for i in range(run.Dn.shape[2]):
-                    x = run.step(x, i)
+                    x, spare = run.step(x, i, spare), x
                     x[..., live:] += run.b[:, :, i]
             P, c = F.pad(x[..., :live], (0, n - live)), x[..., live:]
         else:
             self.levels = []  # per run: the T of every level of its tree
             Ts, bs = [], []
             for run in runs:
-                T, b = run.dense(), run.b
+                T, b = run.dense(), (run.b if compose else None)
                 lv = [T]
                 while T.shape[2] > 1:
                     T, b = _pairs(T, b)
                     lv.append(T)
                 self.levels.append(lv)
                 Ts.append(T[:, :, 0])
-                bs.append(b[:, :, 0])
+                bs.append(b[:, :, 0] if compose else None)
             P, c = Ts[0], bs[0]
             for T, b in zip(Ts[1:], bs[1:]):
-                P, c = T @ P, T @ c + b
+                P, c = T @ P, (T @ c + b if compose else None)
         if end is not None:  # the anchor reset at a block boundary after the last token
-            P, c = end @ P, end @ c
-        self.P, self.C = P, c.transpose(-1, -2)
+            P, c = end @ P, (end @ c if compose else None)
+        self.P, self.C = P, (c.transpose(-1, -2) if compose else None)
 
+    @torch.no_grad()
     @flush_subnormals()
-    def read_grad(self, gy: torch.Tensor) -> torch.Tensor:
-        """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``, one
-        row per position (with sub-steps, `positions` spreads a token's over its sub-steps)."""
+    def read_grad(self, gy: torch.Tensor, g_out: torch.Tensor | None = None) -> torch.Tensor:
+        """``d (<gy, y> + <g_out, S_out>) / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy:
+        [B, H, T, Dv]``, one row per position (with sub-steps, `positions` spreads a token's over
+        its sub-steps); ``g_out [B, H, Dv, n]`` (None: 0), the gradient at the final memory."""
         hs, lo = [], 0
         for run in self.runs:  # h = Y^T gy per chunk
             N, C = run.Y.shape[2], run.Y.shape[3]
@@ -259,9 +260,21 @@ class SliceMap:
             hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, n, Dv]
         if self.scan:  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
             total = None
+            if g_out is not None:
+                total = g_out.transpose(-1, -2)
+                if self.end is not None:
+                    total = self.end.transpose(-1, -2) @ total
+                total = total.contiguous()
+            spare = None
             for run, h in zip(reversed(self.runs), reversed(hs)):
                 for i in range(run.Dn.shape[2] - 1, -1, -1):
-                    total = h[:, :, i] if total is None else h[:, :, i] + run.step_t(total, i)
+                    if total is None:
+                        total, spare = h[:, :, i].clone(), torch.empty_like(h[:, :, i])
+                        continue
+                    if spare is None:
+                        spare = torch.empty_like(total)
+                    total, spare = run.step_t(total, i, spare), total
+                    total += h[:, :, i]
             return total.transpose(-1, -2)
         total, before = None, None  # before: the product of the earlier runs' maps
         for h, lv in zip(hs, self.levels):
@@ -271,17 +284,20 @@ class SliceMap:
             total = h if before is None else total + before.transpose(-1, -2) @ h
             T = lv[-1][:, :, 0]
             before = T if before is None else T @ before
-        return total.transpose(-1, -2)
+        out = total.transpose(-1, -2)
+        return out if g_out is None else out + g_out @ self.P
 
 
-def _pairs(T: torch.Tensor, b: torch.Tensor):
-    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through."""
+def _pairs(T: torch.Tensor, b: torch.Tensor | None):
+    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through
+    (``b`` None: the maps alone)."""
     N = T.shape[2]
     if N % 2:
         T = torch.cat([T, torch.eye(T.shape[-1], dtype=T.dtype, device=T.device).expand_as(T[:, :, :1])], 2)
-        b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
+        if b is not None:
+            b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
     T0, T1 = T[:, :, 0::2], T[:, :, 1::2]
-    return T1 @ T0, T1 @ b[:, :, 0::2] + b[:, :, 1::2]
+    return T1 @ T0, (None if b is None else T1 @ b[:, :, 0::2] + b[:, :, 1::2])
 
 
 def _pairs_back(T: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -305,8 +321,54 @@ def positions(rule, gy: torch.Tensor) -> torch.Tensor:
 
 
 # -- the exact (UT / WY) form ------------------------------------------------------------------------
-def _exact_run(rule, p, C: int) -> _Run:
-    """`_Run` of a per-token rule (``anchor = 1``) by `core:exact_chunk`'s UT transform."""
+@dataclass
+class ExactPieces:
+    """The memory-independent pieces of `core:exact_chunk`'s UT / WY form for every chunk of a
+    call (`exact_pieces`), with the graph of whatever made them: ``W [B, H, N, C c, n]``,
+    ``U [.., C c, Dv]``, ``Dn [.., n, C c]``, ``Qs [.., C, n]``, ``Pm [.., C, C c]`` and ``mix [..,
+    K, K]`` (n = K Dk, K = 2 with momentum). They give both the slice's map (`run`, without a
+    graph) and the call itself from any initial memory (`loop`, the chunk loop of
+    `forms.exact_chunk.run_exact` on the same pieces), so a context-parallel rank that runs
+    ``core:exact_chunk`` forms them once for both."""
+
+    W: torch.Tensor
+    U: torch.Tensor
+    Dn: torch.Tensor
+    Qs: torch.Tensor
+    Pm: torch.Tensor
+    mix: torch.Tensor
+    tokens: int
+
+    def run(self) -> _Run:
+        """The chunks' maps in the structured form (`_Run`), without a graph:
+        ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``."""
+        W, U, Dn, Qs, Pm = (x.detach() for x in (self.W, self.U, self.Dn, self.Qs, self.Pm))
+        return _Run(mix=self.mix.detach(), diag=None, Dn=Dn, Wm=W, woff=[0] * W.shape[2], b=-(Dn @ U),
+                    Y=_minus_mm(Qs, Pm, W), tokens=self.tokens)
+
+    def loop(self, St: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y [B, H, T, Dv], St_out [B, H, n, Dv])`` of the call from the transposed initial
+        memory ``St [B, H, n, Dv]``, chunk after chunk (docs/math.md, "Exact chunked forms"):
+        ``E = W St - U``, ``y = Qs St - Pm E``, ``St' = (mix (x) I) St + Dn E``."""
+        B, H, n, Dv = St.shape
+        K = self.mix.shape[-1]
+        BH = B * H
+        flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [B H, .] per chunk
+        St = St.flatten(0, 1)
+        ys = []
+        for Wn, Un, Dnn, Qn, Pn, mn in zip(flat(self.W), flat(self.U), flat(self.Dn), flat(self.Qs),
+                                           flat(self.Pm), flat(self.mix)):
+            En = torch.baddbmm(Un, Wn, St, beta=-1)  # the errors: [B H, C c, Dv]
+            ys.append(torch.baddbmm(torch.bmm(Qn, St), Pn, En, alpha=-1))
+            base = mn * St if K == 1 else torch.bmm(mn, St.reshape(BH, K, (n // K) * Dv)).view(BH, n, Dv)
+            St = torch.baddbmm(base, Dnn, En)
+        y = torch.stack(ys, dim=1).view(B, H, -1, Dv)[:, :, :self.tokens]
+        return y, St.unflatten(0, (B, H))
+
+
+def exact_pieces(rule, p, C: int) -> ExactPieces:
+    """`ExactPieces` of a per-token rule (``anchor = 1``) over the call ``p`` in chunks of ``C``
+    tokens: the products `forms.exact_chunk.run_exact` forms before its chunk loop."""
     B, H, T = p.shape
     C, c = max(1, min(C, T)), rule.form.window
     mom = rule.form.momentum
@@ -358,9 +420,13 @@ def _exact_run(rule, p, C: int) -> _Run:
         Dn = (-ex._slots(ex._ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)
         Qs = Ar.unsqueeze(-1) * Q
         mix = ex._ends(A, last)[..., None, None]
-    Wm, U = ex._unit_lower_solve(Nm, Wx), ex._unit_lower_solve(Nm, V)
-    return _Run(mix=mix, diag=None, Dn=Dn, Wm=Wm, woff=[0] * N, b=-(Dn @ U),
-                Y=_minus_mm(Qs, Pm, Wm), tokens=T)
+    return ExactPieces(W=ex._unit_lower_solve(Nm, Wx), U=ex._unit_lower_solve(Nm, V), Dn=Dn, Qs=Qs,
+                       Pm=Pm, mix=mix, tokens=T)
+
+
+def _exact_run(rule, p, C: int) -> _Run:
+    """`_Run` of a per-token rule (``anchor = 1``) by `core:exact_chunk`'s UT transform."""
+    return exact_pieces(rule, p, C).run()
 
 
 # -- the per-key decay form ---------------------------------------------------------------------------
@@ -484,11 +550,14 @@ def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
 
 
 # -- the entry point -----------------------------------------------------------------------------------
+@torch.no_grad()
 @flush_subnormals()
-def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) -> SliceMap:
+def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
+              compose: bool = True) -> SliceMap:
     """The state map of the slice prepared in ``p`` (`ComposedRule.prepare`, with the slice's
     carried inputs in its state; the memory entries are not read). ``memory_keys``: the memory
-    tensors in the order of `context._rows`."""
+    tensors in the order of `context._rows`; ``compose=False``: the chunks' maps only, for
+    `SliceMap.read_grad` (``P``, ``C`` None)."""
     kind = analytic_form(rule)
     if kind is None:
         raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
@@ -505,15 +574,16 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         z = p.v.new_zeros(*p.shape[:2], 1, n, 1)
         return SliceMap([_Run(mix=torch.ones_like(z[..., :1, :]), diag=None, Dn=z, Wm=z.mT, woff=[0],
                               b=p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
-                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)])
-    base = MAP_CHUNK if len(want) * Dk < 64 else 2 * MAP_CHUNK
-    scan = kind in SCAN_FORMS and len(want) * Dk >= SCAN_FROM
-    if kind == "key":
-        return SliceMap([_key_run(rule, p, chunk_size or base)], scan=scan)
-    if kind == "exact":
-        c = rule.form.window
-        return SliceMap([_exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))],
-                        scan=scan)
+                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)], compose=compose)
+    n, Dv = len(want) * Dk, p.v.shape[-1]
+    base = MAP_CHUNK if n < 64 else 2 * MAP_CHUNK
+    if kind in ("key", "exact"):
+        if kind == "key":
+            run = _key_run(rule, p, chunk_size or base)
+        else:
+            c = rule.form.window
+            run = _exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))
+        return SliceMap([run], scan=scan_for(kind, n, compose), compose=compose)
     A = rule.form.anchor
     C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
@@ -534,9 +604,9 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         rest = p
     if rest.shape[2]:
         start = pos + head
-        n = -(-rest.shape[2] // C)
-        parts.append((rest, C, [(start + i * C) % A == 0 for i in range(n)]))
+        chunks = -(-rest.shape[2] // C)
+        parts.append((rest, C, [(start + i * C) % A == 0 for i in range(chunks)]))
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
     end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
-    return SliceMap(runs, end, scan=scan)
+    return SliceMap(runs, end, scan=scan_for(kind, n, compose), compose=compose)

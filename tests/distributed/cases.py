@@ -7,6 +7,13 @@ import torch
 import atlas_core as ac
 
 B, H, D, T = 2, 2, 4, 30
+CASES_EXACT = {
+    "titans": {"use": "titans:titans"},
+    "delta": {"structure": "core:linear", "bias": "core:l2", "algorithm": "core:gd"},
+    "omeganet": {"use": "omega:omeganet"},
+    "gated_deltanet": {"use": "zoo:gated_deltanet"},
+    "gated_delta_product": {"use": "zoo:gated_delta_product"},
+}
 CASES = {
     "titans": {"use": "titans:titans"},
     "titans_anchor4": {"use": "titans:titans", "anchor": 4},
@@ -22,6 +29,10 @@ CASES = {
                      "retention": "zoo:key_decay"},
     # two sub-steps a token: the map's positions are sub-steps
     "gated_delta_product": {"use": "zoo:gated_delta_product"},
+    # under core:exact_chunk each rank forms the chunk pieces once, for its map and its own run
+    # (chunks of 4: the slices of 15, 8 and 7 tokens end in a padded chunk)
+    **{f"{name}_exact": {**CASES_EXACT[name], "parallel": {"use": "core:exact_chunk", "chunk_size": 4}}
+       for name in ("titans", "delta", "omeganet", "gated_deltanet", "gated_delta_product")},
 }
 
 
@@ -101,7 +112,8 @@ def reference(name: str) -> dict:
     rule = build(name)
     x = inputs(rule)
     lv = leaves(x)
-    y, final = rule(lv["q"], lv["k"], lv["v"], gates=lv["gates"] or None, state=lv["state"])
+    y, final = rule(lv["q"], lv["k"], lv["v"], gates=lv["gates"] or None, state=lv["state"],
+                    strategy="core:sequential")  # the rule's reference loop
     loss(y, final, x["wy"], x["ws"]).backward()
     return {"y": y.detach(), **{f"final.{k}": t.detach() for k, t in final.items()},
             **grads(rule, lv)}
