@@ -14,10 +14,12 @@ to 64), and any C for a linear memory with a prediction-free bias (``core:dot``:
 not depend on the memory, so anchoring changes nothing). A per-token rule (``anchor = 1``) with a
 memory-dependent bias is refused for C > 1: its exact chunked form is ``core:exact_chunk``.
 
-The chunk computations are in `atlas_core.forms.anchored_chunk` (the linear memory's attention
-form with gd or momentum, per-key decay, the dual form of a rank-one structure, the generic
-per-token path of any other algorithm with a chunk form) and `atlas_core.forms.dot_chunk`; which
-one runs is read from the rule's form (``rule.form.chunk_forms``).
+The chunk computations are in `atlas_core.forms.linear_scan` (the linear memory with gd or
+momentum: the memory-independent kernels of all chunks at once, then a loop that runs only the
+recurrence, with its backward pass written out), `atlas_core.forms.anchored_chunk` (per-key
+decay, the dual form of a rank-one structure, the generic per-token path of any other algorithm
+with a chunk form) and `atlas_core.forms.dot_chunk`; which one runs is read from the rule's form
+(``rule.form.chunk_forms``).
 
 Training memory (`recompute`, docs/math.md "Training memory of the chunked strategies"): the
 chunks form a scan whose carry is the state at a chunk boundary. With ``checkpoint`` (default: on
@@ -36,7 +38,8 @@ from ..params import size_field
 
 from ..forms import dot_chunk, recompute
 from ..forms.anchored_chunk import (chunk_kernels, dual_chunk, generic_chunk, key_linear_chunk,
-                                    linear_chunk, window_chunks)
+                                    window_chunks)
+from ..forms.linear_scan import linear_scan
 from ..forms.key_decay_chunk import run_key_decay
 from ..host.registry import Params
 from .base import Strategy
@@ -153,7 +156,7 @@ class Chunkwise(Strategy):
         return True, ""
 
     def fast_path(self, rule) -> bool:
-        """The linear path (`linear_chunk`): gd or momentum on a linear memory."""
+        """The linear path (`linear_scan`): gd or momentum on a linear memory."""
         return "linear_chunk" in rule.form.chunk_forms
 
     def dual_path(self, rule) -> bool:
@@ -191,11 +194,13 @@ class Chunkwise(Strategy):
         if dot_chunk.applies(rule):  # the memory never enters: every chunk at once
             y, W = dot_chunk.run_dot(rule, p, C)
             return y, rule.final_state(W, {}, *rule.extended_inputs(p))
+        fast = self.fast_path(rule)
+        if fast and not per_key:
+            return self.run_linear(rule, p, C)
         W = {k: p.state[k] for k in S.weight_shapes()}
         opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
         xk, xv, xg = rule.extended_inputs(p)
         lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
-        fast = self.fast_path(rule)
         dual = not fast and self.dual_path(rule)
         # Per-chunk pieces are cut by one op per tensor (split / unfold / unbind), not by slicing
         # inside the loop: the backward of a slice writes a zero gradient as long as the whole
@@ -237,8 +242,6 @@ class Chunkwise(Strategy):
                 U = rule.bias.error(S.read(anchor, xe), ve)  # anchored error derivatives [B, H, m, Dv]
                 if per_key:
                     y, W = key_linear_chunk(rule, W["M"], xe, U, psi, inp["alpha"], inp["w"])
-                elif fast:
-                    y, W, opt = linear_chunk(rule, W, opt, xe, U, k_i, psi)
                 else:
                     gates = {name[2:]: x for name, x in inp.items() if name.startswith("g.")}
                     y, W, opt = generic_chunk(rule, W, opt, xe, U, k_i["Wm"], k_i["L"],
@@ -257,6 +260,44 @@ class Chunkwise(Strategy):
         anchor = {k[7:]: x for k, x in carry.items() if k.startswith("anchor.")}
         y = torch.cat(ys, dim=2) if ys else p.v.new_zeros(B, H, 0, S.d_out)
         anchored = rule.anchor_state(p, anchor, W) if A > 1 else None
+        return y, rule.final_state(W, opt, xk, xv, xg, anchored)
+
+    def run_linear(self, rule, p, C: int):
+        """The linear path (`linear_scan`: gd or momentum on a linear memory); a last chunk
+        shorter than C runs as a call of its own after the whole ones."""
+        B, H, T = p.shape
+        whole = T - T % C
+        if 0 < whole < T:
+            first, rest = p.split(whole)
+            y1, st = self.run_linear(rule, first, C)
+            y2, st = self.run_linear(rule, replace(rest, state=st), T - whole)
+            return torch.cat([y1, y2], dim=2), st
+        f = rule.form
+        W = {k: p.state[k] for k in rule.structure.weight_shapes()}
+        opt = {k: p.state[k] for k in rule.algorithm.init_opt(W)}
+        xk, xv, xg = rule.extended_inputs(p)
+        lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
+        A = f.anchor
+        pos = rule.position(p) if A > 1 else 0
+        anchor0 = rule.anchor_weights(p, W)["M"] if pos else None
+        if T == 0:
+            y = p.v.new_zeros(B, H, 0, rule.structure.d_out)
+            anchored = rule.anchor_state(p, W, W) if A > 1 else None
+            return y, rule.final_state(W, opt, xk, xv, xg, anchored)
+        carry_bytes = recompute.carry_bytes({**W, **opt})
+        segment = recompute.segment_size(T // C, carry_bytes, self.memory_budget_mib)
+        per_chunk = self.recompute_chunks(rule, generic=False)
+        scan = None  # the fused scan keeps one boundary state per chunk
+        if per_chunk or segment > 1:
+            def scan(body, carry, inputs):
+                return recompute.scan(body, carry, inputs, per_chunk=per_chunk, segment=segment,
+                                      params=list(rule.parameters()))
+
+        y, M, Z, anchor = linear_scan(rule, p, xk, xv, xg, lag, C, W["M"], opt.get("Z.M"),
+                                      anchor0, pos, scan)
+        W = {"M": M}
+        opt = {"Z.M": Z} if Z is not None else {}
+        anchored = rule.anchor_state(p, {"M": anchor} if anchor is not None else W, W) if A > 1 else None
         return y, rule.final_state(W, opt, xk, xv, xg, anchored)
 
     def recompute_chunks(self, rule, generic: bool) -> bool:
