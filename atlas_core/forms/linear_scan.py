@@ -139,7 +139,7 @@ class _Scan(torch.autograd.Function):
         N, BH, C, m = Kr.shape
         B, H, T, Dp = psi.shape
         Dv, s = xv.shape[-1], mix.shape[-1]
-        y = xv.new_empty(B, H, T, Dv)
+        y = _like(psi, Dv)
         w = _Work(BH, C, m, s, Dp, Dv, xv)
         diag, m01 = mix.diagonal(dim1=-2, dim2=-1).unsqueeze(-1), mix[..., 0, 1:]
         R, Ma, states = R0, anchor0, []
@@ -173,7 +173,7 @@ class _Scan(torch.autograd.Function):
         states = [R0, *rest]
         Dv, sD, s = xv.shape[-1], R0.shape[1], mix.shape[-1]
         w = _Work(BH, C, m, s, Dp, Dv, xv)
-        gxk, gxv, gpsi = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (xk, xv, psi))
+        gxk, gxv, gpsi = (_like(x, x.shape[-1]).zero_() for x in (xk, xv, psi))
         gKr, gcq, gcx, gmix = (torch.empty_like(x) for x in (Kr, cq, cx, mix))
         diag, m01 = mix.diagonal(dim1=-2, dim2=-1).unsqueeze(-1), mix[..., 0, 1:]
         gR = torch.zeros_like(R0) if gR is None else gR.contiguous()
@@ -240,6 +240,15 @@ class _Scan(torch.autograd.Function):
                                            create_graph=True, allow_unused=True)
                        if outs and wrt else [None] * len(wrt))
         return (None, *(next(got) if n else None for n in need))
+
+
+def _like(x, d: int):
+    """An empty ``[B, H, T, d]`` tensor laid out as ``x`` is (``[B, T, H, d]`` in memory where x is
+    a view of that layout, as the rule's inputs are): no copy where it is handed on."""
+    B, H, T = x.shape[:3]
+    if H > 1 and T > 1 and x.stride(1) < x.stride(2):
+        return x.new_empty(B, T, H, d).transpose(1, 2)
+    return x.new_empty(B, H, T, d)
 
 
 class _Work:
