@@ -482,7 +482,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
         return x.unfold(2, m, C).movedim(-1, 3) if x.dim() == 4 else x.unfold(2, m, C)
 
-    X, V = ext(xk), ext(xv)
+    X, V = ext(xk).contiguous(), ext(xv)  # X: every chunk's Wm, read by the scan's products
     if c == 1:
         TW = (theta * chunked(xg, 0.0) * lag[0]).unsqueeze(-2)  # column scaling
         mul = lambda D: D * TW  # noqa: E731
@@ -505,29 +505,28 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     kend = ex._ends(K, last)  # [B, H, N, m]
     n, K_ = nkeys * Dk, nkeys
     ia = (nkeys - 1) * Dk  # anchor.M's block
-    blk = lambda i: slice(i * Dk, (i + 1) * Dk)  # noqa: E731
     # T = mix (x) I + [Dn; 0] [0 Wm]: Dn Wm holds -X^T D_K X (M's rows) and X^T D_KZ X (Z's) in
     # the anchor block's columns (Wm = X), or in M's when the chunk opens a block
     mix = X.new_zeros(B, H, N, K_, K_)
     mix[..., 0, 0] = ex._ends(A, last)
     mix[..., -1, -1] = 1.0
     kX = kend.unsqueeze(-1) * X  # D_K X
-    b = X.new_zeros(B, H, N, n, Dv)
-    Y = X.new_zeros(B, H, N, C, n)
-    b[..., blk(0), :] = kX.transpose(-1, -2) @ V
     Qc = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
     scores = Kr * (Qc @ X.transpose(-1, -2))  # Kr[t, l] (x_l . psi_t): [B, H, N, C, m]
-    Y[..., blk(0)] = Ar * Qc
-    Y[..., ia:] = -(scores @ X)
+    # Dn = [-D_K X ; D_KZ X]^T, b = [X^T D_K V ; -X^T D_KZ V ; 0], Y = [Ar Q | -PLr Q | -scores X]
     if mom:
         zX = ex._ends(KZ, last).unsqueeze(-1) * X  # D_KZ X
         mix[..., 0, 1] = -ex._ends(PL.squeeze(-1), last)
         mix[..., 1, 1] = ex._ends(Pe, last)
-        Dn = torch.cat([-kX, zX], dim=-1).transpose(-1, -2)
-        b[..., blk(1), :] = -(zX.transpose(-1, -2) @ V)
-        Y[..., blk(1)] = -PLr * Qc
+        Dn = torch.cat([kX, zX], dim=-1).transpose(-1, -2).contiguous()
+        Dn[..., :Dk, :].neg_()
+        Ys = [Ar * Qc, PLr * Qc]
+        Ys[1].neg_()
     else:
-        Dn = -kX.transpose(-1, -2)
+        Dn = kX.transpose(-1, -2).contiguous().neg_()
+        Ys = [Ar * Qc]
+    b = torch.cat([(Dn @ V).neg_(), X.new_zeros(B, H, N, Dk, Dv)], dim=-2)
+    Y = torch.cat([*Ys, (scores @ X).neg_()], dim=-1)
     if any(opens):  # a chunk that opens a block takes a = M first: T J and Y J (`_reset`), i.e.
         # the anchor block's columns move onto M's and become 0
         op = torch.tensor(opens, dtype=X.dtype, device=X.device)[:, None, None]  # [N, 1, 1]
