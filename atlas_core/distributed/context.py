@@ -32,27 +32,39 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    measured with the rule itself, exactly: one run from S = 0 gives C, and ``m = ceil(K Dphi /
    Dv)`` runs from basis rows (row i of probe p holds basis vector ``p Dv + i``) give the columns
    of P, one after another, without a graph (`_probe`);
-3. all ranks all-gather (P, C) and compose them in rank order (a scan over ranks): rank r's true
-   initial memory is ``S_r = S_{r-1} P_{r-1}^T + C_{r-1}``; then each rank runs its slice from its
-   true initial state (with a graph);
+   Rank 0 needs no map: its initial memory is ``s0``, so it runs its slice (with a graph) at
+   once and hands on its final memory ``S_1``. The last rank's map is applied by no rank: it
+   forms only what its ``g_r`` needs (below), no ``P`` or ``C``. Under ``core:exact_chunk`` a
+   rank forms the chunk form's pieces once, with a graph (`state_map.exact_pieces`), reads its
+   map from them and runs its slice on them (`state_map.ExactPieces.loop`, the strategy's own
+   chunk loop);
+3. all ranks all-gather (rank 0's ``S_1``, the middle ranks' (P, C)) and compose them in rank
+   order (a scan over ranks): rank r's true initial memory is ``S_r = S_{r-1} P_{r-1}^T +
+   C_{r-1}`` from ``S_1``; then each rank r > 0 runs its slice from its true initial state (with
+   a graph);
 4. backward: with ``g_r`` the gradient of rank r's outputs with respect to its initial memory
-   (from the chunk form's reads, `SliceMap.read_grad`, a reverse pass over the composed maps;
+   (from the chunk form's reads, `SliceMap.read_grad`, a reverse pass over the chunks' maps;
    for a probed map by a backward of the slice), the gradient reaching rank r's final memory is
    ``mu_{r+1} = g_{r+1} + (gS_{r+1} + mu_{r+2}) P_{r+1}`` (``gS``: the caller's gradient of a
-   returned state): one all-gather of the ``g_r``, a scan the other way, then one backward of the
-   slice with that gradient. The gradient of each rank's carried window inputs goes back to the
-   rank whose inputs they are (one all-gather).
+   returned state; the last rank folds its ``gS P`` into its ``g`` by the same reverse pass, so
+   no rank needs its ``P``; rank 0's ``g`` is read by no rank and not formed): one all-gather of
+   the ``g_r``, a scan the other way, then one backward of the slice with that gradient. The
+   gradient of each rank's carried window inputs goes back to the rank whose inputs they are
+   (one all-gather).
 
 Cost of ``affine`` per rank, slice of T_r tokens, with a chunk form: one forward and one backward
-of the slice (what one process running the slice does), plus the map (the chunk form's pieces
-without a graph, about one forward's, and the composition, ``(T_r / C) (K Dphi)^3`` multiply-adds,
-or for the anchored form at ``K Dphi >= 64`` ``T_r 2 (K - 1) Dphi (K Dphi + Dv)``, chunk by chunk)
-and ``g_r`` (``T_r K Dphi Dv + (T_r / C) (K Dphi)^2 Dv``); with probing, the slice runs m + 2 times forward and
-twice backward (with Dv = Dphi, m = K). Communication: the all-gather of (P, C), ``R B H (K^2
-Dphi^2 + Dv K Dphi)`` numbers, of the ``g_r`` and the caller's state gradients (``2 R B H Dv K
-Dphi``) and, with a window, of the carried inputs; memory: the maps (and the chunk form's
-per-chunk maps and reads, ``T_r K Dphi + 2 (T_r / C) (K Dphi)^2`` numbers, kept for ``g_r``).
-Nothing waits on another rank's computation: every rank works at once.
+of the slice (what one process running the slice does), plus, on the middle ranks, the map (the
+chunk form's pieces without a graph, about one forward's, shared with the slice's own run under
+``core:exact_chunk``, and the composition: ``(T_r / C) (K Dphi)^3`` multiply-adds in a tree, or
+chunk by chunk ``T_r 2 r (K Dphi + Dv) K Dphi / C`` for ``Dn Wm`` of rank r, r = (K - 1) Dphi
+C for the anchored form; `state_map.scan_for`) and ``g_r`` (``T_r K Dphi Dv + (T_r / C) (K
+Dphi)^2 Dv``); on the last rank the pieces and ``g_r``; on rank 0 nothing. With probing, a
+middle rank's slice runs m + 2 times forward and twice backward (with Dv = Dphi, m = K).
+Communication: the all-gather of (P, C), ``R B H (K^2 Dphi^2 + Dv K Dphi)`` numbers, of the
+``g_r`` and the caller's state gradients (``2 R B H Dv K Dphi``) and, with a window, of the
+carried inputs; memory: the maps (and the chunk form's per-chunk maps and reads, ``T_r K Dphi +
+2 (T_r / C) (K Dphi)^2`` numbers, kept for ``g_r``). The ranks work at once; the all-gather of
+the maps waits for rank 0's forward of its slice where that takes longer than a rank's map.
 
 ``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):
 rank r waits for rank r - 1's final state (point-to-point send/recv), runs its slice and sends its

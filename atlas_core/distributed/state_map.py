@@ -35,14 +35,21 @@ and "Parallel forms"; docs/distributed.md):
 Representation and cost (n = K Dk, per chunk of C tokens, `MAP_CHUNK`): the chunks' pieces are
 formed for all chunks at once (as the strategies do, without a graph), each chunk's map in its
 structured form ``T_c = mix (x) I + Dn Wm`` (`_Run`). Then either the maps are formed and
-composed pairwise in a tree (log2 N batched products, N n^3 multiply-adds in all), or, for the
-anchored form at n >= ``SCAN_FROM`` (`SCAN_FORMS`), ``[P | C]`` is carried through the chunks one
-after another in the structured form, whose ``Dn Wm`` there touches only Dk columns
-(2 (K - 1) Dk (n + Dv) C a chunk, against n^3). The pieces are kept: the gradient of the
-slice's outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse
-pass, ``h = Y^T gy`` per chunk and ``h_pair = h_left + T_left^T h_right`` over the tree (n^2 Dv
-per pair) or ``h = Y_i^T gy_i + T_i^T h`` chunk by chunk, instead of a backward pass through the
-slice. Both run with subnormal floats flushed to 0 (`flush_subnormals`).
+composed pairwise in a tree (log2 N batched products, N n^3 multiply-adds in all), or ``[P | C]``
+is carried through the chunks one after another in the structured form (2 r (n + Dv) n a chunk
+for ``Dn Wm`` of rank r; the anchored form's touches only Dk columns), in two preallocated
+buffers: `scan_for` picks by form and n. The pieces are kept: the gradient of the slice's
+outputs with respect to its initial memory (`SliceMap.read_grad`, optionally with a gradient at
+the final memory added) is then one reverse pass, ``h = Y^T gy`` per chunk and ``h_pair =
+h_left + T_left^T h_right`` over the tree (n^2 Dv per pair) or ``h = Y_i^T gy_i + T_i^T h``
+chunk by chunk, instead of a backward pass through the slice. ``compose=False`` skips ``C`` (and
+in the scan form ``P``): what the last rank of a context-parallel group needs. Both run with
+subnormal floats flushed to 0 (`flush_subnormals`).
+
+Under ``core:exact_chunk`` a context-parallel rank forms the exact form's pieces once, with a
+graph (`exact_pieces`): the map is read from them (`ExactPieces.run`) and the slice itself runs
+on them from its true initial memory (`ExactPieces.loop`, the strategy's chunk loop), so the
+map adds only its composition to the slice's own work.
 
 `analytic_form` says which form covers a rule (None: `context` probes the map with the rule).
 """

@@ -2,9 +2,11 @@
 
 One sequence of 30 tokens is split along time over 2 and 4 gloo processes on the CPU; outputs,
 final state and the gradients of every input, gate, initial-state entry and learned parameter
-equal one call of the rule on the whole sequence in one process, to 1e-9 in float64. Affine mode:
-``titans:titans`` (with and without an anchor), the delta rule, ``omega:omeganet`` (an 8-token
-window carried across ranks); relay: ``titans:titans_deep`` with an anchor of 4 (slices start
+equal one call of the rule on the whole sequence in one process (its reference loop,
+``core:sequential``), to 1e-9 in float64. Affine mode: ``titans:titans`` (with and without an
+anchor), the delta rule, ``omega:omeganet`` (an 8-token window carried across ranks), and the
+per-token rules also under ``core:exact_chunk`` (each rank runs its slice on the chunk pieces
+its map is read from); relay: ``titans:titans_deep`` with an anchor of 4 (slices start
 inside anchor blocks). A 2-block ``core:lm`` model with every memory layer split
 (`atlas_core.distributed.lm.enable`: the rule call and the short convolutions' carried inputs)
 gives the logits and parameter gradients of the whole-sequence model.
