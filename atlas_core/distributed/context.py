@@ -33,8 +33,8 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    Dv)`` runs from basis rows (row i of probe p holds basis vector ``p Dv + i``) give the columns
    of P, one after another, without a graph (`_probe`);
    Rank 0 needs no map: its initial memory is ``s0``, so it runs its slice (with a graph) at
-   once and hands on its final memory ``S_1``. The last rank's map is applied by no rank: it
-   forms only what its ``g_r`` needs (below), no ``P`` or ``C``. Under ``core:exact_chunk`` a
+   once and hands on its final memory ``S_1``. The last rank's map is applied by no rank, and
+   its ``g_r`` is its own backward's (below): it forms nothing beyond its slice's run. Under ``core:exact_chunk`` a
    rank forms the chunk form's pieces once, with a graph (`state_map.exact_pieces`), reads its
    map from them and runs its slice on them (`state_map.ExactPieces.loop`, the strategy's own
    chunk loop);
@@ -46,9 +46,11 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    (from the chunk form's reads, `SliceMap.read_grad`, a reverse pass over the chunks' maps;
    for a probed map by a backward of the slice), the gradient reaching rank r's final memory is
    ``mu_{r+1} = g_{r+1} + (gS_{r+1} + mu_{r+2}) P_{r+1}`` (``gS``: the caller's gradient of a
-   returned state; the last rank folds its ``gS P`` into its ``g`` by the same reverse pass, so
-   no rank needs its ``P``; rank 0's ``g`` is read by no rank and not formed): one all-gather of
-   the ``g_r``, a scan the other way, then one backward of the slice with that gradient. The
+   returned state; rank 0's ``g`` is read by no rank and not formed): one all-gather of the
+   ``g_r``, a scan the other way, then one backward of the slice with that gradient. The last
+   rank runs that backward first, with its ``gS`` alone (no later rank adds to it): the gradient
+   it gives at the slice's initial memory is its ``g`` with its ``gS P`` folded in, so no rank
+   needs the last rank's ``P``. The
    gradient of each rank's carried window inputs goes back to the rank whose inputs they are
    (one all-gather).
 
@@ -58,12 +60,12 @@ chunk form's pieces without a graph, about one forward's, shared with the slice'
 ``core:exact_chunk``, and the composition: ``(T_r / C) (K Dphi)^3`` multiply-adds in a tree, or
 chunk by chunk ``T_r 2 r (K Dphi + Dv) K Dphi / C`` for ``Dn Wm`` of rank r, r = (K - 1) Dphi
 C for the anchored form; `state_map.scan_for`) and ``g_r`` (``T_r K Dphi Dv + (T_r / C) (K
-Dphi)^2 Dv``); on the last rank the pieces and ``g_r``; on rank 0 nothing. With probing, a
-middle rank's slice runs m + 2 times forward and twice backward (with Dv = Dphi, m = K).
+Dphi)^2 Dv``); on rank 0 and the last rank nothing. With probing, a middle rank's slice runs
+m + 2 times forward and twice backward (with Dv = Dphi, m = K).
 Communication: the all-gather of (P, C), ``R B H (K^2 Dphi^2 + Dv K Dphi)`` numbers, of the
 ``g_r`` and the caller's state gradients (``2 R B H Dv K Dphi``) and, with a window, of the
 carried inputs; memory: the maps (and the chunk form's per-chunk maps and reads, ``T_r K Dphi +
-2 (T_r / C) (K Dphi)^2`` numbers, kept for ``g_r``). The ranks work at once; the all-gather of
+2 (T_r / C) (K Dphi)^2`` numbers on a middle rank, kept for ``g_r``). The ranks work at once; the all-gather of
 the maps waits for rank 0's forward of its slice where that takes longer than a rank's map.
 
 ``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):
@@ -261,22 +263,17 @@ def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     return P, C
 
 
-def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor, compose: bool = True):
+def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     """``(P, C, map)`` of this rank's slice: from the rule's chunk form when it has one
     (`state_map.slice_map`, ``map`` kept for the backward's `SliceMap.read_grad`), else by
-    `_probe` (``map`` None). ``compose=False`` (the last rank, whose map no rank applies): the
-    chunk form's pieces only, or for a probed map nothing (``P``, ``C`` None)."""
+    `_probe` (``map`` None)."""
     if analytic_form(call.rule) is None:
-        if not compose:
-            return None, None, None
         return (*_probe(call, q, k, v, gates, carried, like), None)
     state = dict(carried)
     state.update(_unrows(torch.zeros_like(like), call.memory_keys))
     with torch.no_grad():
         p = call.rule.prepare(q, k, v, gates or None, state)
-        sm = slice_map(call.rule, p, call.memory_keys, compose=compose)
-    if not compose:
-        return None, None, sm
+        sm = slice_map(call.rule, p, call.memory_keys)
     return sm.P.to(like.dtype), sm.C.to(like.dtype), sm
 
 
@@ -343,20 +340,17 @@ class _Affine(torch.autograd.Function):
             rows_in = _leaf(rows0)
             y, out = run(rows_in)
             mine = torch.cat([rows0.new_zeros(B, H, n, n), _rows(out, keys).detach().transpose(-1, -2)], -1)
-        else:  # the map (the last rank's is applied by no rank: only its chunks', for read_grad)
+        elif last:  # its map is applied by no rank, and its g_r comes from its own backward
+            mine = rows0.new_zeros(B, H, n, n + Dv)
+        else:  # a middle rank: the map
             if pieces is not None:
                 with torch.no_grad(), flush_subnormals():
-                    chunks = pieces.run()
-                    smap = SliceMap([chunks], scan=scan_for("exact", n, not last), compose=not last)
+                    smap = SliceMap([pieces.run()], scan=scan_for("exact", n))
                     P, C = smap.P, smap.C
             else:
                 P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),
-                                        {g: x.detach() for g, x in gates.items()}, carried, rows0,
-                                        compose=not last)
-            if last:
-                mine = rows0.new_zeros(B, H, n, n + Dv)
-            else:
-                mine = torch.cat([P.to(rows0.dtype), C.to(rows0.dtype).transpose(-1, -2)], dim=-1)
+                                        {g: x.detach() for g, x in gates.items()}, carried, rows0)
+            mine = torch.cat([P.to(rows0.dtype), C.to(rows0.dtype).transpose(-1, -2)], dim=-1)
         every = _gather(mine, call)  # [P | C^T] of every rank: [B, H, n, n + Dv]; rank 0's P unused
         Ps = [x[..., :n] for x in every]
         if not first:  # the scan over the ranks before this one, from rank 0's final memory
@@ -383,21 +377,29 @@ class _Affine(torch.autograd.Function):
         keys = call.memory_keys
         gS = dict(zip(call.state_keys, gstate))
         zeros = torch.zeros_like(rows_out)
-        given = any(gS[key] is not None for key in keys)
         g_S = torch.cat([g if (g := gS[key]) is not None else torch.zeros_like(part)
                          for key, part in zip(keys, rows_out.chunk(len(keys), dim=-1))], dim=-1)
-        # 1. g_r: the gradient of this rank's outputs with respect to its initial memory, from
-        # the slice map's reads (no backward pass) or, for a probed map, by autograd; the last
-        # rank's adds its final memory's gradient carried back through its slice (so no rank
-        # needs its map); rank 0's is read by no rank
-        g_loc = None
+        window = list(window_out)
+        carried_leaves = [carried_in[w] for w in window]
+        x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
+
+        def backward_of_slice(into_out):
+            return _grads([y, rows_out], [rows_in, *carried_leaves, *x_leaves], [gy, into_out],
+                          retain=bool(window))
+
+        # 1. g_r: the gradient of this rank's outputs with respect to its initial memory. The last
+        # rank's, with its final memory's gradient, is what its own backward of the slice gives
+        # (no later rank adds to it), so it runs that backward first; a middle rank's comes from
+        # the slice map's reads (no backward pass) or, for a probed map, by autograd; rank 0's is
+        # read by no rank
+        g_loc = got = None
         if first:
             pass
-        elif ctx.smap is not None:
-            g_loc = ctx.smap.read_grad(positions(call.rule, gy).to(rows_out.dtype),
-                                       g_S if last and given else None).to(rows_out.dtype)
         elif last:
-            (g_loc,) = _grads([y, rows_out], [rows_in], [gy, g_S], retain=True)
+            got = backward_of_slice(g_S)
+            g_loc = got[0]
+        elif ctx.smap is not None:
+            g_loc = ctx.smap.read_grad(positions(call.rule, gy).to(rows_out.dtype)).to(rows_out.dtype)
         else:
             (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
         g_loc = zeros if g_loc is None else g_loc
@@ -411,12 +413,8 @@ class _Affine(torch.autograd.Function):
             mu = gl[call.world - 1]
             for j in range(call.world - 2, call.rank, -1):
                 mu = gl[j] + (gss[j] + mu) @ Ps[j]
-        into_out = g_S + mu  # the gradient of this rank's final memory
-        window = list(window_out)
-        carried_leaves = [carried_in[w] for w in window]
-        x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
-        got = _grads([y, rows_out], [rows_in, *carried_leaves, *x_leaves], [gy, into_out],
-                     retain=bool(window))
+        if got is None:  # the backward of the slice with the gradient of its final memory
+            got = backward_of_slice(g_S + mu)
         g_rows, g_carried, g_x = got[0], got[1:1 + len(window)], got[1 + len(window):]
         # 3. the window inputs' gradient goes back to the rank whose last inputs they are
         g_window_in = {}

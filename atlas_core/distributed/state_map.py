@@ -39,12 +39,10 @@ composed pairwise in a tree (log2 N batched products, N n^3 multiply-adds in all
 is carried through the chunks one after another in the structured form (2 r (n + Dv) n a chunk
 for ``Dn Wm`` of rank r; the anchored form's touches only Dk columns), in two preallocated
 buffers: `scan_for` picks by form and n. The pieces are kept: the gradient of the slice's
-outputs with respect to its initial memory (`SliceMap.read_grad`, optionally with a gradient at
-the final memory added) is then one reverse pass, ``h = Y^T gy`` per chunk and ``h_pair =
+outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse pass, ``h = Y^T gy`` per chunk and ``h_pair =
 h_left + T_left^T h_right`` over the tree (n^2 Dv per pair) or ``h = Y_i^T gy_i + T_i^T h``
-chunk by chunk, instead of a backward pass through the slice. ``compose=False`` skips ``C`` (and
-in the scan form ``P``): what the last rank of a context-parallel group needs. Both run with
-subnormal floats flushed to 0 (`flush_subnormals`).
+chunk by chunk, instead of a backward pass through the slice. Both run with subnormal floats
+flushed to 0 (`flush_subnormals`).
 
 Under ``core:exact_chunk`` a context-parallel rank forms the exact form's pieces once, with a
 graph (`exact_pieces`): the map is read from them (`ExactPieces.run`) and the slice itself runs
@@ -80,18 +78,17 @@ MAP_CHUNK = 32
 SCAN_FROM = 64
 
 
-def scan_for(kind: str, n: int, compose: bool = True) -> bool:
+def scan_for(kind: str, n: int) -> bool:
     """Whether `SliceMap` composes chunk after chunk (``[P | c]`` carried through the structured
-    maps) rather than in a tree of formed maps, for a form ``kind`` and n = K Dk; with
-    ``compose=False`` (`read_grad` alone) whether it runs back chunk by chunk. Multiply-adds per
+    maps) rather than in a tree of formed maps, for a form ``kind`` and n = K Dk. Multiply-adds per
     chunk of C tokens (C c with a window): the scan ``2 C n (n + Dv)`` to compose and
     ``2 C n Dv`` back; the tree ``C n^2`` to form the map, ``n^3 + n^2 Dv`` to compose it with
     its neighbour and ``n^2 Dv`` back, in fewer, larger batched products, but with ``[N, n, n]``
     tensors per level. The anchored form's ``Dn Wm`` touches Dk columns only
     (``2 (K - 1) Dk n`` a token): it scans from n = ``SCAN_FROM``; the exact and per-key forms
-    (``Dn Wm`` of rank C) compose in a tree below n = 2 ``SCAN_FROM`` and run back in one below
-    ``SCAN_FROM`` (measured on one CPU core at Dk = 16 and 64, n = 16 to 192)."""
-    if kind == "anchored" or not compose:
+    (``Dn Wm`` of rank C) compose in a tree below n = 2 ``SCAN_FROM`` (measured on one CPU core at
+    Dk = 16 and 64, n = 16 to 192)."""
+    if kind == "anchored":
         return n >= SCAN_FROM
     return n >= 2 * SCAN_FROM
 
@@ -210,20 +207,12 @@ def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tens
 
 class SliceMap:
     """The composed map of a slice (``P``, ``C`` in `context`'s rows layout) and what
-    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps.
+    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps."""
 
-    ``compose=False``: no ``C`` (the last rank of a context-parallel group, whose map no rank
-    applies, needs only `read_grad`): the scan form keeps the chunks' maps only (``P`` None too,
-    `read_grad` runs chunk by chunk), the tree composes the maps alone."""
-
-    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False,
-                 compose: bool = True):
+    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False):
         self.runs, self.end, self.scan = runs, end, scan
         r0 = runs[0]
         n = r0.b.shape[-2]
-        self.P = self.C = None
-        if scan and not compose:
-            return
         if scan:  # [P | c] through the chunks; P's columns that the first chunk zeroes stay 0
             live = n if r0.live is None else r0.live
             x = torch.eye(n, dtype=r0.b.dtype, device=r0.b.device)[:, :live].expand(*r0.b.shape[:2], n, live)
@@ -238,27 +227,26 @@ class SliceMap:
             self.levels = []  # per run: the T of every level of its tree
             Ts, bs = [], []
             for run in runs:
-                T, b = run.dense(), (run.b if compose else None)
+                T, b = run.dense(), run.b
                 lv = [T]
                 while T.shape[2] > 1:
                     T, b = _pairs(T, b)
                     lv.append(T)
                 self.levels.append(lv)
                 Ts.append(T[:, :, 0])
-                bs.append(b[:, :, 0] if compose else None)
+                bs.append(b[:, :, 0])
             P, c = Ts[0], bs[0]
             for T, b in zip(Ts[1:], bs[1:]):
-                P, c = T @ P, (T @ c + b if compose else None)
+                P, c = T @ P, T @ c + b
         if end is not None:  # the anchor reset at a block boundary after the last token
-            P, c = end @ P, (end @ c if compose else None)
-        self.P, self.C = P, (c.transpose(-1, -2) if compose else None)
+            P, c = end @ P, end @ c
+        self.P, self.C = P, c.transpose(-1, -2)
 
     @torch.no_grad()
     @flush_subnormals()
-    def read_grad(self, gy: torch.Tensor, g_out: torch.Tensor | None = None) -> torch.Tensor:
-        """``d (<gy, y> + <g_out, S_out>) / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy:
-        [B, H, T, Dv]``, one row per position (with sub-steps, `positions` spreads a token's over
-        its sub-steps); ``g_out [B, H, Dv, n]`` (None: 0), the gradient at the final memory."""
+    def read_grad(self, gy: torch.Tensor) -> torch.Tensor:
+        """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``, one
+        row per position (with sub-steps, `positions` spreads a token's over its sub-steps)."""
         hs, lo = [], 0
         for run in self.runs:  # h = Y^T gy per chunk
             N, C = run.Y.shape[2], run.Y.shape[3]
@@ -266,13 +254,7 @@ class SliceMap:
             lo += run.tokens
             hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, n, Dv]
         if self.scan:  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
-            total = None
-            if g_out is not None:
-                total = g_out.transpose(-1, -2)
-                if self.end is not None:
-                    total = self.end.transpose(-1, -2) @ total
-                total = total.contiguous()
-            spare = None
+            total = spare = None
             for run, h in zip(reversed(self.runs), reversed(hs)):
                 for i in range(run.Dn.shape[2] - 1, -1, -1):
                     if total is None:
@@ -291,20 +273,17 @@ class SliceMap:
             total = h if before is None else total + before.transpose(-1, -2) @ h
             T = lv[-1][:, :, 0]
             before = T if before is None else T @ before
-        out = total.transpose(-1, -2)
-        return out if g_out is None else out + g_out @ self.P
+        return total.transpose(-1, -2)
 
 
-def _pairs(T: torch.Tensor, b: torch.Tensor | None):
-    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through
-    (``b`` None: the maps alone)."""
+def _pairs(T: torch.Tensor, b: torch.Tensor):
+    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through."""
     N = T.shape[2]
     if N % 2:
         T = torch.cat([T, torch.eye(T.shape[-1], dtype=T.dtype, device=T.device).expand_as(T[:, :, :1])], 2)
-        if b is not None:
-            b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
+        b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
     T0, T1 = T[:, :, 0::2], T[:, :, 1::2]
-    return T1 @ T0, (None if b is None else T1 @ b[:, :, 0::2] + b[:, :, 1::2])
+    return T1 @ T0, T1 @ b[:, :, 0::2] + b[:, :, 1::2]
 
 
 def _pairs_back(T: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -558,12 +537,10 @@ def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
 # -- the entry point -----------------------------------------------------------------------------------
 @torch.no_grad()
 @flush_subnormals()
-def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
-              compose: bool = True) -> SliceMap:
+def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) -> SliceMap:
     """The state map of the slice prepared in ``p`` (`ComposedRule.prepare`, with the slice's
     carried inputs in its state; the memory entries are not read). ``memory_keys``: the memory
-    tensors in the order of `context._rows`; ``compose=False``: the chunks' maps only, for
-    `SliceMap.read_grad` (``P``, ``C`` None)."""
+    tensors in the order of `context._rows`."""
     kind = analytic_form(rule)
     if kind is None:
         raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
@@ -580,7 +557,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
         z = p.v.new_zeros(*p.shape[:2], 1, n, 1)
         return SliceMap([_Run(mix=torch.ones_like(z[..., :1, :]), diag=None, Dn=z, Wm=z.mT, woff=[0],
                               b=p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
-                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)], compose=compose)
+                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)])
     n, Dv = len(want) * Dk, p.v.shape[-1]
     base = MAP_CHUNK if n < 64 else 2 * MAP_CHUNK
     if kind in ("key", "exact"):
@@ -589,7 +566,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
         else:
             c = rule.form.window
             run = _exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))
-        return SliceMap([run], scan=scan_for(kind, n, compose), compose=compose)
+        return SliceMap([run], scan=scan_for(kind, n))
     A = rule.form.anchor
     C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
@@ -615,4 +592,4 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
     end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
-    return SliceMap(runs, end, scan=scan_for(kind, n, compose), compose=compose)
+    return SliceMap(runs, end, scan=scan_for(kind, n))

@@ -92,7 +92,7 @@ def composition(request, monkeypatch):
     """Both ways of composing the chunks' maps, for every form (at the sizes here the default
     is the tree)."""
     if request.param == "scan":
-        monkeypatch.setattr(state_map, "scan_for", lambda kind, n, compose=True: True)
+        monkeypatch.setattr(state_map, "scan_for", lambda kind, n: True)
     return request.param
 
 
@@ -139,31 +139,6 @@ def test_read_grad_equals_autograd(name, composition):
         (want,) = torch.autograd.grad((y * gy).sum(), rows)
         for chunk in _chunks(rule):
             got = _analytic(rule, q, k, v, gates, state, chunk).read_grad(positions(rule, gy))
-            _close(got, want, f"{name} T = {T}, pos = {pos}, chunk = {chunk}")
-
-
-@pytest.mark.parametrize("name", list(FAMILIES))
-@pytest.mark.parametrize("compose", [True, False])
-def test_read_grad_with_a_final_memory_gradient(name, composition, compose):
-    """With ``g_out``, the gradient at the slice's final memory, `read_grad` adds it carried back
-    through the slice (``g_out P``), also without the composed map (``compose=False``, chunk by
-    chunk)."""
-    rule = _rule(name)
-    for T, pos in ((13, 0), (22, 3), (8, 4)):
-        q, k, v, gates, state = _inputs(rule, T, pos)
-        memory, carried = _split(state)
-        rows = cx._rows(state, memory).clone().requires_grad_(True)
-        y, out = rule(q, k, v, gates=gates or None, state={**carried, **cx._unrows(rows, memory)},
-                      strategy="core:sequential")
-        g = torch.Generator().manual_seed(6)
-        gy = torch.randn(y.shape, generator=g, dtype=torch.float64)
-        g_out = torch.randn(rows.shape, generator=g, dtype=torch.float64)
-        (want,) = torch.autograd.grad((y * gy).sum() + (cx._rows(out, memory) * g_out).sum(), rows)
-        for chunk in _chunks(rule):
-            sm = slice_map(rule, rule.prepare(q, k, v, gates or None, state), memory, chunk_size=chunk,
-                           compose=compose)
-            assert (sm.C is None) == (not compose)
-            got = sm.read_grad(positions(rule, gy), g_out)
             _close(got, want, f"{name} T = {T}, pos = {pos}, chunk = {chunk}")
 
 
