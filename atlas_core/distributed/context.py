@@ -34,10 +34,10 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    of P, one after another, without a graph (`_probe`);
    Rank 0 needs no map: its initial memory is ``s0``, so it runs its slice (with a graph) at
    once and hands on its final memory ``S_1``. The last rank's map is applied by no rank, and
-   its ``g_r`` is its own backward's (below): it forms nothing beyond its slice's run. Under ``core:exact_chunk`` a
-   rank forms the chunk form's pieces once, with a graph (`state_map.exact_pieces`), reads its
-   map from them and runs its slice on them (`state_map.ExactPieces.loop`, the strategy's own
-   chunk loop);
+   its ``g_r`` is its own backward's (below): it forms nothing beyond its slice's run. Under
+   ``core:exact_chunk`` a rank forms the chunk form's pieces once, with a graph
+   (`forms.exact_chunk.exact_pieces`), reads its map from them (`state_map.chunk_maps`) and runs
+   its slice on them (`ExactPieces.loop`, the strategy's own chunk loop);
 3. all ranks all-gather (rank 0's ``S_1``, the middle ranks' (P, C)) and compose them in rank
    order (a scan over ranks): rank r's true initial memory is ``S_r = S_{r-1} P_{r-1}^T +
    C_{r-1}`` from ``S_1``; then each rank r > 0 runs its slice from its true initial state (with
@@ -85,9 +85,10 @@ import torch
 import torch.distributed as dist
 
 from .. import input_checks
+from ..forms.exact_chunk import ExactPieces, exact_pieces
 from ..strategies.exact_chunk import ExactChunk
-from .state_map import (ExactPieces, SliceMap, analytic_form, exact_pieces, flush_subnormals,
-                        positions, scan_for, slice_map)
+from .state_map import (SliceMap, analytic_form, chunk_maps, flush_subnormals, positions, scan_for,
+                        slice_map)
 
 ANCHOR_POS = "anchor.pos"
 CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
@@ -278,7 +279,7 @@ def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
 
 
 def _exact_chunk(call: _Call, q: torch.Tensor) -> int | None:
-    """The chunk size when this rank runs its slice from `state_map.ExactPieces` (the pieces
+    """The chunk size when this rank runs its slice from `forms.exact_chunk.ExactPieces` (the pieces
     formed once for both the map and the run): the strategy is ``core:exact_chunk`` on a rule of
     the exact form (`state_map.analytic_form`), the slice holds more than one token, autocast is
     off and the opt-in input checks are off (else the rule's own call runs the slice). None
@@ -345,7 +346,7 @@ class _Affine(torch.autograd.Function):
         else:  # a middle rank: the map
             if pieces is not None:
                 with torch.no_grad(), flush_subnormals():
-                    smap = SliceMap([pieces.run()], scan=scan_for("exact", n))
+                    smap = SliceMap([chunk_maps(pieces)], scan=scan_for("exact", n))
                     P, C = smap.P, smap.C
             else:
                 P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),

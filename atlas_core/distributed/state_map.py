@@ -45,9 +45,9 @@ chunk by chunk, instead of a backward pass through the slice. Both run with subn
 flushed to 0 (`flush_subnormals`).
 
 Under ``core:exact_chunk`` a context-parallel rank forms the exact form's pieces once, with a
-graph (`exact_pieces`): the map is read from them (`ExactPieces.run`) and the slice itself runs
-on them from its true initial memory (`ExactPieces.loop`, the strategy's chunk loop), so the
-map adds only its composition to the slice's own work.
+graph (`forms.exact_chunk.exact_pieces`): the map is read from them (`chunk_maps`) and the slice
+itself runs on them from its true initial memory (`ExactPieces.loop`, the strategy's own chunk
+loop), so the map adds only its composition to the slice's own work.
 
 `analytic_form` says which form covers a rule (None: `context` probes the map with the rule).
 """
@@ -307,112 +307,18 @@ def positions(rule, gy: torch.Tensor) -> torch.Tensor:
 
 
 # -- the exact (UT / WY) form ------------------------------------------------------------------------
-@dataclass
-class ExactPieces:
-    """The memory-independent pieces of `core:exact_chunk`'s UT / WY form for every chunk of a
-    call (`exact_pieces`), with the graph of whatever made them: ``W [B, H, N, C c, n]``,
-    ``U [.., C c, Dv]``, ``Dn [.., n, C c]``, ``Qs [.., C, n]``, ``Pm [.., C, C c]`` and ``mix [..,
-    K, K]`` (n = K Dk, K = 2 with momentum). They give both the slice's map (`run`, without a
-    graph) and the call itself from any initial memory (`loop`, the chunk loop of
-    `forms.exact_chunk.run_exact` on the same pieces), so a context-parallel rank that runs
-    ``core:exact_chunk`` forms them once for both."""
-
-    W: torch.Tensor
-    U: torch.Tensor
-    Dn: torch.Tensor
-    Qs: torch.Tensor
-    Pm: torch.Tensor
-    mix: torch.Tensor
-    tokens: int
-
-    def run(self) -> _Run:
-        """The chunks' maps in the structured form (`_Run`), without a graph:
-        ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``."""
-        W, U, Dn, Qs, Pm = (x.detach() for x in (self.W, self.U, self.Dn, self.Qs, self.Pm))
-        return _Run(mix=self.mix.detach(), diag=None, Dn=Dn, Wm=W, woff=[0] * W.shape[2], b=-(Dn @ U),
-                    Y=_minus_mm(Qs, Pm, W), tokens=self.tokens)
-
-    def loop(self, St: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y [B, H, T, Dv], St_out [B, H, n, Dv])`` of the call from the transposed initial
-        memory ``St [B, H, n, Dv]``, chunk after chunk (docs/math.md, "Exact chunked forms"):
-        ``E = W St - U``, ``y = Qs St - Pm E``, ``St' = (mix (x) I) St + Dn E``."""
-        B, H, n, Dv = St.shape
-        K = self.mix.shape[-1]
-        BH = B * H
-        flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [B H, .] per chunk
-        St = St.flatten(0, 1)
-        ys = []
-        for Wn, Un, Dnn, Qn, Pn, mn in zip(flat(self.W), flat(self.U), flat(self.Dn), flat(self.Qs),
-                                           flat(self.Pm), flat(self.mix)):
-            En = torch.baddbmm(Un, Wn, St, beta=-1)  # the errors: [B H, C c, Dv]
-            ys.append(torch.baddbmm(torch.bmm(Qn, St), Pn, En, alpha=-1))
-            base = mn * St if K == 1 else torch.bmm(mn, St.reshape(BH, K, (n // K) * Dv)).view(BH, n, Dv)
-            St = torch.baddbmm(base, Dnn, En)
-        y = torch.stack(ys, dim=1).view(B, H, -1, Dv)[:, :, :self.tokens]
-        return y, St.unflatten(0, (B, H))
-
-
-def exact_pieces(rule, p, C: int) -> ExactPieces:
-    """`ExactPieces` of a per-token rule (``anchor = 1``) over the call ``p`` in chunks of ``C``
-    tokens: the products `forms.exact_chunk.run_exact` forms before its chunk loop."""
-    B, H, T = p.shape
-    C, c = max(1, min(C, T)), rule.form.window
-    mom = rule.form.momentum
-    xk, xv, xg = rule.extended_inputs(p)
-    N = -(-T // C)
-    pad = N * C - T
-    last = C - 1 - pad
-    lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
-    theta = F.pad(_gate(rule, p, "step_size"), (0, pad)).unflatten(-1, (N, C))
-    Q = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
-    gates = [p.alpha] + ([_gate(rule, p, "momentum")] if mom else [])
-    gates = F.pad(torch.stack(gates), (0, pad), value=1.0).unflatten(-1, (N, C))
-    after = rule.form.read == "after"
-    D = decay_matrix(gates)
-    A = torch.cumprod(gates[0], dim=-1)
-    L = D[0]
-    if mom:
-        E = D[1]
-        Pe = torch.cumprod(gates[1], dim=-1)
-        K = L @ E
-        PL = (L @ Pe.unsqueeze(-1)).squeeze(-1)
-        PLp = ex._shift_down(PL, 0.0, dim=-1)
-    else:
-        K = L
-    Kp = ex._shift_down(K, 0.0, dim=-2)
-    Ap = ex._shift_down(A, 1.0, dim=-1)
-    Kr, Ar = (K, A) if after else (Kp, Ap)
-    if rule.form.gradient_at == "retained":
-        Kp, Ap = K.tril(-1), A
-    if c == 1:
-        w = theta * F.pad(xg, (0, pad)).unflatten(-1, (N, C)) * lag[0]
-        X = ex._pad_tokens(xk, pad).unflatten(2, (N, C))
-        V = ex._pad_tokens(xv, pad).unflatten(2, (N, C))
-        XwT = (w.unsqueeze(-1) * X).transpose(-1, -2)
-        Nm, Pm = Kp * (X @ XwT), Kr * (Q @ XwT)
-    else:
-        X, V, w, Nm, Pm = ex.window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad)
-        w = w.flatten(-2)
-    if mom:
-        Wx = ex._outer(torch.stack([ex._slots(Ap, c), -ex._slots(PLp, c)], dim=-1), X)
-        Dn = torch.stack([-ex._slots(ex._ends(K, last), c) * w, ex._slots(ex._ends(E, last), c) * w], dim=-2)
-        Dn = (Dn.unsqueeze(-2) * X.transpose(-1, -2).unsqueeze(-3)).flatten(-3, -2)  # [.., 2 Dk, C c]
-        Qs = ex._outer(torch.stack([Ar, -(PL if after else PLp)], dim=-1), Q)
-        AC = ex._ends(A, last)
-        mix = torch.stack([AC, -ex._ends(PL, last), torch.zeros_like(AC), ex._ends(Pe, last)], dim=-1)
-        mix = mix.unflatten(-1, (2, 2))
-    else:
-        Wx = ex._slots(Ap, c).unsqueeze(-1) * X
-        Dn = (-ex._slots(ex._ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)
-        Qs = Ar.unsqueeze(-1) * Q
-        mix = ex._ends(A, last)[..., None, None]
-    return ExactPieces(W=ex._unit_lower_solve(Nm, Wx), U=ex._unit_lower_solve(Nm, V), Dn=Dn, Qs=Qs,
-                       Pm=Pm, mix=mix, tokens=T)
+def chunk_maps(pieces: ex.ExactPieces) -> _Run:
+    """The chunks' maps of `forms.exact_chunk.ExactPieces` in the structured form (`_Run`),
+    without a graph: ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``."""
+    W, U, Dn, Qs, Pm = (x.detach() for x in (pieces.W, pieces.U, pieces.Dn, pieces.Qs, pieces.Pm))
+    return _Run(mix=pieces.mix.detach(), diag=None, Dn=Dn, Wm=W, woff=[0] * W.shape[2],
+                b=torch.bmm(Dn.flatten(0, 2), U.flatten(0, 2)).neg_().view(*Dn.shape[:-1], U.shape[-1]),
+                Y=_minus_mm(Qs, Pm, W), tokens=pieces.tokens)
 
 
 def _exact_run(rule, p, C: int) -> _Run:
     """`_Run` of a per-token rule (``anchor = 1``) by `core:exact_chunk`'s UT transform."""
-    return exact_pieces(rule, p, C).run()
+    return chunk_maps(ex.exact_pieces(rule, p, C))
 
 
 # -- the per-key decay form ---------------------------------------------------------------------------

@@ -76,6 +76,8 @@ step size and momentum gates are read by role. Tensors: ``p.psi, p.phik: [B, H, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -121,19 +123,75 @@ def _slots(x: torch.Tensor, c: int) -> torch.Tensor:
 
 def run_exact(rule, p, chunk_size: int):
     """``(y [B, H, T, Dv], final state)`` of the call ``p`` (`atlas_core.rule.MemoryInputs`) of a
-    rule whose form has ``"exact_chunk"``, in chunks of ``chunk_size`` tokens."""
+    rule whose form has ``"exact_chunk"``, in chunks of ``chunk_size`` tokens: the memory-independent
+    pieces of every chunk at once (`exact_pieces`), then the chunk loop (`ExactPieces.loop`)."""
+    B, H, T = p.shape
+    mom = rule.form.momentum
+    S = p.state["M"]  # [B, H, Dv, Dk]
+    Dv, Dk = S.shape[-2:]
+    ext = rule.extended_inputs(p)  # the carried window first: [B, H, c - 1 + T, .]
+    if T == 0:
+        opt = {"Z.M": p.state["Z.M"]} if mom else {}
+        return p.v.new_zeros(B, H, 0, Dv), rule.final_state({"M": S}, opt, *ext)
+    # The state is kept transposed, [S^T ; Z0^T]: [B, H, 2 Dk, Dv] (gd: S^T), so that every
+    # product of the loop is one plain (b)addbmm and the 2 x 2 map of (S, Z0) one small bmm.
+    St = (torch.cat([S, p.state["Z.M"]], dim=-1) if mom else S).transpose(-1, -2)
+    y, St = exact_pieces(rule, p, chunk_size, ext).loop(St)
+    SZ = St.transpose(-1, -2)
+    if mom:
+        W, opt = {"M": SZ[..., :Dk].contiguous()}, {"Z.M": SZ[..., Dk:].contiguous()}
+    else:
+        W, opt = {"M": SZ.contiguous()}, {}
+    return y, rule.final_state(W, opt, *ext)
+
+
+@dataclass
+class ExactPieces:
+    """The memory-independent pieces of the UT / WY form for every chunk of a call
+    (`exact_pieces`), with the graph of whatever made them: ``W [B, H, N, C c, n]``, ``U [.., C c,
+    Dv]``, ``Dn [.., n, C c]``, ``Qs [.., C, n]``, ``Pm [.., C, C c]`` and ``mix [.., K, K]``
+    (n = K Dk, K = 2 with momentum). `loop` runs the call from any initial memory on them; a
+    context-parallel rank also reads its slice's map from them
+    (`atlas_core.distributed.state_map.chunk_maps`), so it forms them once for both."""
+
+    W: torch.Tensor
+    U: torch.Tensor
+    Dn: torch.Tensor
+    Qs: torch.Tensor
+    Pm: torch.Tensor
+    mix: torch.Tensor
+    tokens: int
+
+    def loop(self, St: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y [B, H, T, Dv], St_out [B, H, n, Dv])`` of the call from the transposed initial
+        memory ``St [B, H, n, Dv]``, chunk after chunk (docs/math.md, "Exact chunked forms"):
+        ``E = W St - U``, ``y = Qs St - Pm E``, ``St' = (mix (x) I) St + Dn E``."""
+        B, H, n, Dv = St.shape
+        K = self.mix.shape[-1]
+        BH = B * H
+        flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [B H, .] per chunk, one op each
+        St = St.flatten(0, 1)
+        ys = []
+        for Wn, Un, Dnn, Qn, Pn, mn in zip(flat(self.W), flat(self.U), flat(self.Dn), flat(self.Qs),
+                                           flat(self.Pm), flat(self.mix)):
+            En = torch.baddbmm(Un, Wn, St, beta=-1)  # the errors: [B H, C c, Dv]
+            ys.append(torch.baddbmm(torch.bmm(Qn, St), Pn, En, alpha=-1))
+            base = mn * St if K == 1 else torch.bmm(mn, St.reshape(BH, K, (n // K) * Dv)).view(BH, n, Dv)
+            St = torch.baddbmm(base, Dnn, En)
+        y = torch.stack(ys, dim=1).view(B, H, -1, Dv)[:, :, :self.tokens]
+        return y, St.unflatten(0, (B, H))
+
+
+def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
+    """`ExactPieces` of the call ``p`` (T > 0 tokens) in chunks of ``chunk_size`` tokens;
+    ``ext``: the call's `extended_inputs` where the caller has them."""
     f = rule.form
     B, H, T = p.shape
     # a call shorter than a chunk is one short chunk, not a padded whole one (a prompt of a
     # few tokens at chunk size 1024 costs O(T^2), not O(C^2))
-    C, c = max(1, min(chunk_size, p.shape[2])), f.window
+    C, c = max(1, min(chunk_size, T)), f.window
     mom = f.momentum
-    S = p.state["M"]  # [B, H, Dv, Dk]
-    Dv, Dk = S.shape[-2:]
-    xk, xv, xg = rule.extended_inputs(p)  # the carried window first: [B, H, c - 1 + T, .]
-    if T == 0:
-        opt = {"Z.M": p.state["Z.M"]} if mom else {}
-        return p.v.new_zeros(B, H, 0, Dv), rule.final_state({"M": S}, opt, xk, xv, xg)
+    xk, xv, xg = ext if ext is not None else rule.extended_inputs(p)
     N = -(-T // C)
     pad = N * C - T  # whole chunks: a padded token has k = 0, v = 0, theta = 0, alpha = eta = 1
     last = C - 1 - pad  # the last chunk's last real token: the final state is taken there
@@ -185,40 +243,15 @@ def run_exact(rule, p, chunk_size: int):
         Wx = _slots(Ap, c).unsqueeze(-1) * X
         Dn = (-_slots(_ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)  # D_S^T: [.., Dk, C c]
         Qs = Ar.unsqueeze(-1) * Q
-    # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | -PL' X], U = (I + Nm)^-1 V
-    W, U = _unit_lower_solve(Nm, Wx), _unit_lower_solve(Nm, V)
-
-    # -- chunk after chunk, only what involves the memory ----------------------------------
-    # The state is kept transposed, [S^T ; Z0^T]: [B H, 2 Dk, Dv] (gd: S^T), so that every
-    # product below is one plain (b)addbmm and the 2 x 2 map of (S, Z0) one small bmm.
-    flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [B H, .] per chunk, one op each
-    AC = _ends(A, last)  # [B, H, N]
-    BH = B * H
     if mom:  # [S ; Z]_next = [[A_C, -PL_C], [0, P_C]] [S ; Z] + ...
+        AC = _ends(A, last)
         mix = torch.stack([AC, -_ends(PL, last), torch.zeros_like(AC), _ends(Pe, last)], dim=-1)
-        mix_t = flat(mix.unflatten(-1, (2, 2)))  # [B H, 2, 2] per chunk
-        St = torch.cat([S, p.state["Z.M"]], dim=-1).flatten(0, 1).transpose(-1, -2)  # [B H, 2 Dk, Dv]
+        mix = mix.unflatten(-1, (2, 2))
     else:
-        mix_t = flat(AC[..., None, None])  # [B H, 1, 1] per chunk
-        St = S.flatten(0, 1).transpose(-1, -2)
-    ys = []
-    for Wn, Un, Dnn, Qn, Pn, mn in zip(flat(W), flat(U), flat(Dn), flat(Qs), flat(Pm), mix_t):
-        En = torch.baddbmm(Un, Wn, St, beta=-1)  # the errors: [B H, C c, Dv]
-        ys.append(torch.baddbmm(torch.bmm(Qn, St), Pn, En, alpha=-1))
-        if mom:
-            base = torch.bmm(mn, St.reshape(BH, 2, Dk * Dv)).view(BH, 2 * Dk, Dv)
-        else:
-            base = mn * St
-        St = torch.baddbmm(base, Dnn, En)
-    y = torch.stack(ys, dim=1).view(B, H, N * C, Dv)
-    if pad:
-        y = y[:, :, :T]
-    SZ = St.transpose(-1, -2).unflatten(0, (B, H))
-    if mom:
-        W, opt = {"M": SZ[..., :Dk].contiguous()}, {"Z.M": SZ[..., Dk:].contiguous()}
-    else:
-        W, opt = {"M": SZ.contiguous()}, {}
-    return y, rule.final_state(W, opt, xk, xv, xg)
+        mix = _ends(A, last)[..., None, None]
+    # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | -PL' X], U = (I + Nm)^-1 V
+    return ExactPieces(W=_unit_lower_solve(Nm, Wx), U=_unit_lower_solve(Nm, V), Dn=Dn, Qs=Qs, Pm=Pm,
+                       mix=mix, tokens=T)
 
 
 def window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad):
