@@ -62,7 +62,7 @@ import torch.nn.functional as F
 
 from ..forms import exact_chunk as ex
 from ..forms.anchored_chunk import window_matrix
-from ..forms.decay import decay_matrix, log_tiny
+from ..forms.decay import log_tiny
 from ..forms.key_decay_chunk import decayed_scores
 
 #: tokens per chunk of the maps (the map is the rule's: any chunk size gives it): ``MAP_CHUNK``
@@ -140,8 +140,9 @@ class _Run:
     ``T = Diag(diag) (mix (x) I_Dk) + [Dn; 0] [0 Wm 0]``: ``mix [B, H, N, K, K]``, ``diag
     [B, H, N, n]`` or None (ones), ``Dn [B, H, N, nd, r]`` (the first nd rows; the others have
     none), ``Wm [B, H, N, r, w]`` in the columns ``woff[i]`` to ``woff[i] + w`` of chunk i;
-    ``b [B, H, N, n, Dv]``, ``Y [B, H, N, C, n]`` (rows of padded tokens are ignored: their
-    ``gy`` is 0) and the number of real tokens; the first chunk's columns from ``live`` on are 0."""
+    ``b [B, H, N, nb, Dv]`` (the first nb <= n rows; the others are 0), ``Y [B, H, N, C, n]``
+    (rows of padded tokens are ignored: their ``gy`` is 0) and the number of real tokens; the
+    first chunk's columns from ``live`` on are 0."""
 
     mix: torch.Tensor
     diag: torch.Tensor | None
@@ -155,7 +156,7 @@ class _Run:
 
     def dense(self) -> torch.Tensor:
         """Every chunk's ``T [B, H, N, n, n]``."""
-        n, (nd, w) = self.b.shape[-2], (self.Dn.shape[-2], self.Wm.shape[-1])
+        n, (nd, w) = self.Y.shape[-1], (self.Dn.shape[-2], self.Wm.shape[-1])
         if nd == w == n:
             T = self.Dn @ self.Wm
         else:
@@ -212,22 +213,22 @@ class SliceMap:
     def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False):
         self.runs, self.end, self.scan = runs, end, scan
         r0 = runs[0]
-        n = r0.b.shape[-2]
+        n = r0.Y.shape[-1]
         if scan:  # [P | c] through the chunks; P's columns that the first chunk zeroes stay 0
             live = n if r0.live is None else r0.live
             x = torch.eye(n, dtype=r0.b.dtype, device=r0.b.device)[:, :live].expand(*r0.b.shape[:2], n, live)
-            x = torch.cat([x, torch.zeros_like(r0.b[:, :, 0])], dim=-1)
+            x = torch.cat([x, r0.b.new_zeros(*r0.b.shape[:2], n, r0.b.shape[-1])], dim=-1)
             spare = torch.empty_like(x)  # the two buffers the steps write in turn
             for run in runs:
                 for i in range(run.Dn.shape[2]):
                     x, spare = run.step(x, i, spare), x
-                    x[..., live:] += run.b[:, :, i]
+                    x[..., :run.b.shape[-2], live:] += run.b[:, :, i]
             P, c = F.pad(x[..., :live], (0, n - live)), x[..., live:]
         else:
             self.levels = []  # per run: the T of every level of its tree
             Ts, bs = [], []
             for run in runs:
-                T, b = run.dense(), run.b
+                T, b = run.dense(), F.pad(run.b, (0, 0, 0, n - run.b.shape[-2]))
                 lv = [T]
                 while T.shape[2] > 1:
                     T, b = _pairs(T, b)
@@ -352,6 +353,36 @@ def _key_run(rule, p, C: int) -> _Run:
 
 
 # -- the anchored form ---------------------------------------------------------------------------------
+def _kernel_rows(alpha, eta, Pe, w, rows, m: int):
+    """The anchored chunk form's decay kernels ``(K, KZ, PL)`` of every chunk (``[B, H, N, C,
+    m]``; KZ ``[B, H, N, C, m]`` and PL ``[B, H, N, C]`` with momentum, else None) by the row
+    recurrences they solve, ``KZ_t = eta_t KZ_{t-1} + W_t``, ``K_t = alpha_t K_{t-1} + KZ_t``
+    (gd: ``+ W_t``) and ``PL_t = alpha_t PL_{t-1} + Pe_t`` (``Pe``: eta's running product), with
+    ``W_t`` row t of ``theta Wm`` (``rows [B, H, N, C, m]``, or for a one-token window ``w_t`` at
+    column t, ``w [B, H, N, C]``): O(C m) a chunk, no decay matrices."""
+    C = alpha.shape[-1]
+    K = alpha.new_zeros(*alpha.shape, m)
+    KZ = torch.zeros_like(K) if eta is not None else None
+    PL = Pe.clone() if eta is not None else None
+    W = K if eta is None else KZ  # the kernel the writes enter
+    if rows is not None:
+        W.copy_(rows)
+    else:  # diag(w): w_t at column t
+        W.diagonal(dim1=-2, dim2=-1).copy_(w)
+    for t in range(1, C):  # row t = its gate times row t - 1, plus what row t already holds
+        if eta is not None:
+            W[..., t, :].addcmul_(W[..., t - 1, :], eta[..., t, None])
+            PL[..., t].addcmul_(PL[..., t - 1], alpha[..., t])
+    if eta is not None:
+        K[..., 0, :] = KZ[..., 0, :]
+    for t in range(1, C):
+        if eta is not None:
+            torch.addcmul(KZ[..., t, :], K[..., t - 1, :], alpha[..., t, None], out=K[..., t, :])
+        else:
+            K[..., t, :].addcmul_(K[..., t - 1, :], alpha[..., t, None])
+    return K, KZ, PL
+
+
 def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     """`_Run` of an anchored rule over ``p``, which starts on a chunk boundary (chunk i opens an
     anchor block when ``opens[i]``). Memory blocks of ``St``: M, Z.M (momentum), anchor.M."""
@@ -366,7 +397,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
     chunked = lambda x, value: F.pad(x, (0, pad), value=value).unflatten(-1, (N, C))  # noqa: E731
     alpha = chunked(p.alpha, 1.0)
-    L, A = decay_matrix(alpha), torch.cumprod(alpha, dim=-1)
+    A = torch.cumprod(alpha, dim=-1)
     theta = chunked(_gate(rule, p, "step_size"), 0.0)
     m = C + c - 1
 
@@ -375,23 +406,18 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         return x.unfold(2, m, C).movedim(-1, 3) if x.dim() == 4 else x.unfold(2, m, C)
 
     X, V = ext(xk).contiguous(), ext(xv)  # X: every chunk's Wm, read by the scan's products
-    if c == 1:
-        TW = (theta * chunked(xg, 0.0) * lag[0]).unsqueeze(-2)  # column scaling
-        mul = lambda D: D * TW  # noqa: E731
+    if c == 1:  # theta_t Wm_t: the token's own weight at its own position
+        w, rows = theta * chunked(xg, 0.0) * lag[0], None
     else:
-        TW = theta.unsqueeze(-1) * window_matrix(ext(xg), lag, C)  # [B, H, N, C, m]
-        mul = lambda D: D @ TW  # noqa: E731
+        w, rows = None, theta.unsqueeze(-1) * window_matrix(ext(xg), lag, C)  # [B, H, N, C, m]
     after = rule.form.read == "after"
     shift = lambda x, first: ex._shift_down(x, first, dim=-2)  # noqa: E731
+    eta = chunked(_gate(rule, p, "momentum"), 1.0) if mom else None
+    Pe = torch.cumprod(eta, dim=-1) if mom else None
+    K, KZ, PL = _kernel_rows(alpha, eta, Pe, w, rows, m)
     if mom:
-        eta = chunked(_gate(rule, p, "momentum"), 1.0)
-        KZ = mul(decay_matrix(eta))
-        K = L @ KZ
-        Pe = torch.cumprod(eta, dim=-1)
-        PL = L @ Pe.unsqueeze(-1)  # [.., C, 1]
+        PL = PL.unsqueeze(-1)  # [.., C, 1]
         PLr = PL if after else shift(PL, 0.0)
-    else:
-        K = mul(L)
     Kr = K if after else shift(K, 0.0)
     Ar = A.unsqueeze(-1) if after else shift(A.unsqueeze(-1), 1.0)
     kend = ex._ends(K, last)  # [B, H, N, m]
@@ -402,23 +428,22 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     mix = X.new_zeros(B, H, N, K_, K_)
     mix[..., 0, 0] = ex._ends(A, last)
     mix[..., -1, -1] = 1.0
-    kX = kend.unsqueeze(-1) * X  # D_K X
     Qc = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
     scores = Kr * (Qc @ X.transpose(-1, -2))  # Kr[t, l] (x_l . psi_t): [B, H, N, C, m]
-    # Dn = [-D_K X ; D_KZ X]^T, b = [X^T D_K V ; -X^T D_KZ V ; 0], Y = [Ar Q | -PLr Q | -scores X]
+    # Dn = [-D_K X ; D_KZ X]^T, b = [X^T D_K V ; -X^T D_KZ V] (anchor.M's rows take no write),
+    # Y = [Ar Q | -PLr Q | -scores X], each block written in place
+    nd = ia
+    Dn = X.new_empty(B, H, N, nd, m)
+    torch.mul(X.transpose(-1, -2), kend.unsqueeze(-2), out=Dn[..., :Dk, :]).neg_()
+    Y = X.new_empty(B, H, N, C, n)
+    torch.mul(Ar, Qc, out=Y[..., :Dk])
     if mom:
-        zX = ex._ends(KZ, last).unsqueeze(-1) * X  # D_KZ X
+        torch.mul(X.transpose(-1, -2), ex._ends(KZ, last).unsqueeze(-2), out=Dn[..., Dk:, :])
         mix[..., 0, 1] = -ex._ends(PL.squeeze(-1), last)
         mix[..., 1, 1] = ex._ends(Pe, last)
-        Dn = torch.cat([kX, zX], dim=-1).transpose(-1, -2).contiguous()
-        Dn[..., :Dk, :].neg_()
-        Ys = [Ar * Qc, PLr * Qc]
-        Ys[1].neg_()
-    else:
-        Dn = kX.transpose(-1, -2).contiguous().neg_()
-        Ys = [Ar * Qc]
-    b = torch.cat([(Dn @ V).neg_(), X.new_zeros(B, H, N, Dk, Dv)], dim=-2)
-    Y = torch.cat([*Ys, (scores @ X).neg_()], dim=-1)
+        torch.mul(PLr, Qc, out=Y[..., Dk:2 * Dk]).neg_()
+    Y[..., ia:] = scores.neg_() @ X
+    b = (Dn @ V).neg_()
     if any(opens):  # a chunk that opens a block takes a = M first: T J and Y J (`_reset`), i.e.
         # the anchor block's columns move onto M's and become 0
         op = torch.tensor(opens, dtype=X.dtype, device=X.device)[:, None, None]  # [N, 1, 1]
