@@ -68,6 +68,9 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
      "--decode-chunks 16,32 --decode-tokens 2 --repeats 1 --threads 1 --no-memory "
      "--no-baselines", "tiny benchmark sizes, strategies only (the flags given last win; "
      "tests/bench/test_bench_cli.py runs the baselines)"),
+    (r"^(python benchmarks/bench_context_parallel\.py.*)$", r"\1 --T 64 --R 1 2 --repeat 1 "
+     "--heads 1 --dim 4 --rules titans:titans/exact", "one tiny rule at R = 1 and 2 (the flags "
+     "given last win; the figures of docs/distributed.md take minutes)"),
     (r"--max-new-tokens \d+", "--max-new-tokens 4", "a few generated tokens"),
     (r"--batches \d+", "--batches 1", "one evaluation batch"),
     (r"--vocab-size \d+", "--vocab-size 300", "a tokenizer the small generated corpus can fill"),
