@@ -36,8 +36,8 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    once and hands on its final memory ``S_1``. The last rank's map is applied by no rank, and
    its ``g_r`` is its own backward's (below): it forms nothing beyond its slice's run. Under
    ``core:exact_chunk`` a rank forms the chunk form's pieces once, with a graph
-   (`forms.exact_chunk.exact_pieces`), reads its map from them (`state_map.chunk_maps`) and runs
-   its slice on them (`ExactPieces.loop`, the strategy's own chunk loop);
+   (`forms.exact_chunk.exact_pieces`), and runs its slice on them (`ExactPieces.loop`, the
+   strategy's own chunk loop); a middle rank reads its map from them (`state_map.chunk_maps`);
 3. all ranks all-gather (rank 0's ``S_1``, the middle ranks' (P, C)) and compose them in rank
    order (a scan over ranks): rank r's true initial memory is ``S_r = S_{r-1} P_{r-1}^T +
    C_{r-1}`` from ``S_1``; then each rank r > 0 runs its slice from its true initial state (with
@@ -64,9 +64,10 @@ Dphi)^2 Dv``); on rank 0 and the last rank nothing. With probing, a middle rank'
 m + 2 times forward and twice backward (with Dv = Dphi, m = K).
 Communication: the all-gather of (P, C), ``R B H (K^2 Dphi^2 + Dv K Dphi)`` numbers, of the
 ``g_r`` and the caller's state gradients (``2 R B H Dv K Dphi``) and, with a window, of the
-carried inputs; memory: the maps (and the chunk form's per-chunk maps and reads, ``T_r K Dphi +
-2 (T_r / C) (K Dphi)^2`` numbers on a middle rank, kept for ``g_r``). The ranks work at once; the all-gather of
-the maps waits for rank 0's forward of its slice where that takes longer than a rank's map.
+carried inputs; memory: the maps (and on a middle rank the chunk form's per-chunk maps and
+reads, ``T_r K Dphi + 2 (T_r / C) (K Dphi)^2`` numbers, kept for ``g_r``). The ranks work at
+once; the all-gather of the maps waits for rank 0's forward of its slice where that takes longer
+than a rank's map.
 
 ``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):
 rank r waits for rank r - 1's final state (point-to-point send/recv), runs its slice and sends its

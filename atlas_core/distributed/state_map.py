@@ -39,15 +39,16 @@ composed pairwise in a tree (log2 N batched products, N n^3 multiply-adds in all
 is carried through the chunks one after another in the structured form (2 r (n + Dv) n a chunk
 for ``Dn Wm`` of rank r; the anchored form's touches only Dk columns), in two preallocated
 buffers: `scan_for` picks by form and n. The pieces are kept: the gradient of the slice's
-outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse pass, ``h = Y^T gy`` per chunk and ``h_pair =
-h_left + T_left^T h_right`` over the tree (n^2 Dv per pair) or ``h = Y_i^T gy_i + T_i^T h``
-chunk by chunk, instead of a backward pass through the slice. Both run with subnormal floats
+outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse pass,
+``h = Y^T gy`` per chunk and ``h_pair = h_left + T_left^T h_right`` over the tree (n^2 Dv per
+pair) or ``h = Y_i^T gy_i + T_i^T h`` chunk by chunk, instead of a backward pass through the
+slice. Both run with subnormal floats
 flushed to 0 (`flush_subnormals`).
 
 Under ``core:exact_chunk`` a context-parallel rank forms the exact form's pieces once, with a
-graph (`forms.exact_chunk.exact_pieces`): the map is read from them (`chunk_maps`) and the slice
-itself runs on them from its true initial memory (`ExactPieces.loop`, the strategy's own chunk
-loop), so the map adds only its composition to the slice's own work.
+graph (`forms.exact_chunk.exact_pieces`): it runs its slice on them from its true initial memory
+(`ExactPieces.loop`, the strategy's own chunk loop), and a middle rank reads its map from the same
+pieces (`chunk_maps`), so the map adds only its composition to the slice's own work.
 
 `analytic_form` says which form covers a rule (None: `context` probes the map with the rule).
 """
