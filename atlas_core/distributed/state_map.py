@@ -65,6 +65,7 @@ from ..forms import exact_chunk as ex
 from ..forms.anchored_chunk import window_matrix
 from ..forms.decay import log_tiny
 from ..forms.key_decay_chunk import decayed_scores
+from ..forms.linear_scan import kernel_rows
 
 #: tokens per chunk of the maps (the map is the rule's: any chunk size gives it): ``MAP_CHUNK``
 #: while n = K Dk < 64, twice that from there (composing costs n^3 / C a token, the chunk's own
@@ -354,36 +355,6 @@ def _key_run(rule, p, C: int) -> _Run:
 
 
 # -- the anchored form ---------------------------------------------------------------------------------
-def _kernel_rows(alpha, eta, Pe, w, rows, m: int):
-    """The anchored chunk form's decay kernels ``(K, KZ, PL)`` of every chunk (``[B, H, N, C,
-    m]``; KZ ``[B, H, N, C, m]`` and PL ``[B, H, N, C]`` with momentum, else None) by the row
-    recurrences they solve, ``KZ_t = eta_t KZ_{t-1} + W_t``, ``K_t = alpha_t K_{t-1} + KZ_t``
-    (gd: ``+ W_t``) and ``PL_t = alpha_t PL_{t-1} + Pe_t`` (``Pe``: eta's running product), with
-    ``W_t`` row t of ``theta Wm`` (``rows [B, H, N, C, m]``, or for a one-token window ``w_t`` at
-    column t, ``w [B, H, N, C]``): O(C m) a chunk, no decay matrices."""
-    C = alpha.shape[-1]
-    K = alpha.new_zeros(*alpha.shape, m)
-    KZ = torch.zeros_like(K) if eta is not None else None
-    PL = Pe.clone() if eta is not None else None
-    W = K if eta is None else KZ  # the kernel the writes enter
-    if rows is not None:
-        W.copy_(rows)
-    else:  # diag(w): w_t at column t
-        W.diagonal(dim1=-2, dim2=-1).copy_(w)
-    for t in range(1, C):  # row t = its gate times row t - 1, plus what row t already holds
-        if eta is not None:
-            W[..., t, :].addcmul_(W[..., t - 1, :], eta[..., t, None])
-            PL[..., t].addcmul_(PL[..., t - 1], alpha[..., t])
-    if eta is not None:
-        K[..., 0, :] = KZ[..., 0, :]
-    for t in range(1, C):
-        if eta is not None:
-            torch.addcmul(KZ[..., t, :], K[..., t - 1, :], alpha[..., t, None], out=K[..., t, :])
-        else:
-            K[..., t, :].addcmul_(K[..., t - 1, :], alpha[..., t, None])
-    return K, KZ, PL
-
-
 def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     """`_Run` of an anchored rule over ``p``, which starts on a chunk boundary (chunk i opens an
     anchor block when ``opens[i]``). Memory blocks of ``St``: M, Z.M (momentum), anchor.M."""
@@ -414,8 +385,10 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     after = rule.form.read == "after"
     shift = lambda x, first: ex._shift_down(x, first, dim=-2)  # noqa: E731
     eta = chunked(_gate(rule, p, "momentum"), 1.0) if mom else None
-    Pe = torch.cumprod(eta, dim=-1) if mom else None
-    K, KZ, PL = _kernel_rows(alpha, eta, Pe, w, rows, m)
+    # the decay kernels by their row recurrences, as core:chunkwise's linear path forms them;
+    # KZ's last row is its row at the last real token too (a padded token has eta = 1, theta = 0)
+    Ks, KZn, Pe, PL = kernel_rows(alpha, eta, w, None if rows is None else rows.unbind(-2), m)
+    K = torch.stack(Ks, dim=-2)  # [B, H, N, C, m]
     if mom:
         PL = PL.unsqueeze(-1)  # [.., C, 1]
         PLr = PL if after else shift(PL, 0.0)
@@ -439,7 +412,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     Y = X.new_empty(B, H, N, C, n)
     torch.mul(Ar, Qc, out=Y[..., :Dk])
     if mom:
-        torch.mul(X.transpose(-1, -2), ex._ends(KZ, last).unsqueeze(-2), out=Dn[..., Dk:, :])
+        torch.mul(X.transpose(-1, -2), KZn.unsqueeze(-2), out=Dn[..., Dk:, :])
         mix[..., 0, 1] = -ex._ends(PL.squeeze(-1), last)
         mix[..., 1, 1] = ex._ends(Pe, last)
         torch.mul(PLr, Qc, out=Y[..., Dk:2 * Dk]).neg_()

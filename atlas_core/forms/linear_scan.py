@@ -31,6 +31,36 @@ import torch.nn.functional as F
 from .anchored_chunk import _chunk_stack, window_chunks, window_matrix
 
 
+def kernel_rows(a, e, w, rows, m: int):
+    """The rows of the decay kernels of gd / momentum by the recurrences they solve,
+    ``KZ_t = eta_t KZ_{t-1} + theta_t Wm_t``, ``K_t = alpha_t K_{t-1} + KZ_t`` (``+ theta_t Wm_t``
+    for gd) and ``PL_t = alpha_t PL_{t-1} + P_t``, over any leading dimensions: ``a``, ``e``
+    (None for gd) the gates ``[..., C]``; ``theta_t Wm_t`` either ``w_t`` at column t (``w [...,
+    C]``, a one-token window) or ``rows[t]`` (C tensors ``[..., m]``). Returns ``(Ks, KZ, P, PL)``:
+    the C rows ``[..., m]`` of K, KZ's last row, eta's running product and PL (``[..., C]``;
+    these three None for gd)."""
+    C = a.shape[-1]
+    eye = torch.eye(m, dtype=a.dtype, device=a.device)
+    a_t, e_t = a.unbind(-1), (e.unbind(-1) if e is not None else None)
+    w_t = w.unbind(-1) if rows is None else None
+    Ks, K, KZ = [], None, None
+    for t in range(C):
+        new = rows[t] if rows is not None else w_t[t].unsqueeze(-1) * eye[t]  # theta_t Wm_t
+        if e is not None:
+            KZ = new if t == 0 else torch.addcmul(new, KZ, e_t[t].unsqueeze(-1))
+            new = KZ
+        K = new if t == 0 else torch.addcmul(new, K, a_t[t].unsqueeze(-1))
+        Ks.append(K)
+    if e is None:
+        return Ks, None, None, None
+    P = torch.cumprod(e, dim=-1)
+    PLs, PL = [], None
+    for t in range(C):  # PL_t = alpha_t PL_{t-1} + P_t: Z_0's coefficient in M_t
+        PL = P[..., 0] if t == 0 else torch.addcmul(P[..., t], PL, a_t[t])
+        PLs.append(PL)
+    return Ks, KZ, P, torch.stack(PLs, dim=-1)
+
+
 def linear_kernels(rule, p, xg, lag, C: int, c: int, T: int) -> dict:
     """The decay kernels of gd / momentum for N = T / C whole chunks, chunk-major
     (``[N, B H, ...]``): ``Kr [C, m]`` (the rows the reads use: K, or for ``read = "before"``
@@ -38,8 +68,8 @@ def linear_kernels(rule, p, xg, lag, C: int, c: int, T: int) -> dict:
     ``An, PLn, Pn [ ]``. K is ``L diag(theta) Wm`` for gd and ``L E diag(theta) Wm`` for momentum
     (`anchored_chunk.chunk_kernels`), formed row by row by the recurrences the matrices solve,
     ``KZ_t = eta_t KZ_{t-1} + theta_t Wm_t`` and ``K_t = alpha_t K_{t-1} + KZ_t``
-    (``+ theta_t Wm_t`` for gd): products of the gates as the token loop forms them, O(C m) per
-    chunk."""
+    (``+ theta_t Wm_t`` for gd; `kernel_rows`): products of the gates as the token loop forms
+    them, O(C m) per chunk."""
     N = T // C
     f = rule.form
 
@@ -55,19 +85,9 @@ def linear_kernels(rule, p, xg, lag, C: int, c: int, T: int) -> dict:
         rows = None
     else:
         g_ext = torch.stack(window_chunks(F.pad(xg, (0, N * C - T)), C, c, N * C), dim=0)
-        rows = (theta.unsqueeze(-1) * window_matrix(g_ext, lag, C).flatten(1, 2)).unbind(-2)
-    m = C + c - 1
-    eye = torch.eye(m, dtype=a.dtype, device=a.device)
-    a_t, e_t = a.unbind(-1), (e.unbind(-1) if momentum else None)
-    w_t = w.unbind(-1) if rows is None else None
-    Ks, K, KZ = [], None, None
-    for t in range(C):
-        new = rows[t] if rows is not None else w_t[t].unsqueeze(-1) * eye[t]  # theta_t Wm_t
-        if momentum:
-            KZ = new if t == 0 else torch.addcmul(new, KZ, e_t[t].unsqueeze(-1))
-            new = KZ
-        K = new if t == 0 else torch.addcmul(new, K, a_t[t].unsqueeze(-1))
-        Ks.append(K)
+        w, rows = None, (theta.unsqueeze(-1) * window_matrix(g_ext, lag, C).flatten(1, 2)).unbind(-2)
+    Ks, KZ, P, PLs = kernel_rows(a, e, w, rows, C + c - 1)
+    K = Ks[-1]
     A = torch.cumprod(a, dim=-1)
     before = f.read == "before"
     if before:  # reads at M_{t-1}: the rows of t - 1 (M_{-1} = M_0: A = 1, no K, no PL)
@@ -75,13 +95,7 @@ def linear_kernels(rule, p, xg, lag, C: int, c: int, T: int) -> dict:
     out = {"Kr": torch.stack(Ks, dim=-2), "Kn": K, "An": A[..., -1]}
     out["Ar"] = torch.cat([torch.ones_like(A[..., :1]), A[..., :-1]], -1) if before else A
     if momentum:
-        P = torch.cumprod(e, dim=-1)
-        PLs, PL = [], None
-        for t in range(C):  # PL_t = alpha_t PL_{t-1} + P_t: Z_0's coefficient in M_t
-            PL = P[..., 0] if t == 0 else torch.addcmul(P[..., t], PL, a_t[t])
-            PLs.append(PL)
-        PLs = torch.stack(PLs, dim=-1)
-        out.update(KZn=KZ, Pn=P[..., -1], PLn=PL)
+        out.update(KZn=KZ, Pn=P[..., -1], PLn=PLs[..., -1])
         out["PLr"] = torch.cat([torch.zeros_like(PLs[..., :1]), PLs[..., :-1]], -1) if before else PLs
     return out
 
