@@ -4,8 +4,9 @@ forms"; the strategy, its chunk grid and the scan over chunks are `atlas_core.st
 Every gradient of a chunk is taken at the block's anchor memory; retention and momentum are linear
 recurrences solved with decay matrices (`decay.decay_matrix`); reads are exact. Per chunk:
 
-- `linear_chunk` (``"linear_chunk"``: gd or momentum on a linear memory): with U the bias's error
-  derivatives at the anchor and Phi the (window-extended) keys,
+- the linear memory with gd or momentum (``"linear_chunk"``) runs in `linear_scan` (its chunk
+  step `linear_scan.chunk_step`); its algebra: with U the bias's error derivatives at the anchor
+  and Phi the (window-extended) keys,
   ``M_t = A_t M_0 - P^L_t Z_0 - sum_l K[t, l] u_l phi_l^T``, so
   ``y_t = A_t M_0 psi_t - P^L_t Z_0 psi_t - sum_l K[t, l] (phi_l . psi_t) u_l``: a C x (C + c - 1)
   masked "attention" matrix times U; no d x d tensor per token. K is ``L diag(theta) Wm`` for gd
@@ -167,20 +168,6 @@ def chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> di
         out[name] = chunks
     return out
 
-
-def linear_chunk(rule, W, opt, xe, U, kern, psi):
-    M0 = W["M"]  # (B, H, Dv, Dphi)
-    A, K = kern["A"], kern["K"]
-    scores = psi @ xe.transpose(-1, -2)  # (phi_l . psi_t): [B, H, n, m]
-    y = kern["Ar"] * (psi @ M0.transpose(-1, -2)) - (kern["Kr"] * scores) @ U
-    M = A[:, :, -1, None, None] * M0 - torch.einsum("bhl,bhlv,bhlp->bhvp", K[:, :, -1], U, xe)
-    if "PL" in kern:
-        Z0 = opt["Z.M"]
-        y = y - kern["PLr"] * (psi @ Z0.transpose(-1, -2))
-        M = M - kern["PL"][:, :, -1, :, None] * Z0
-        Z = kern["Pn"] * Z0 + torch.einsum("bhl,bhlv,bhlp->bhvp", kern["KZ"][:, :, -1], U, xe)
-        opt = {"Z.M": Z}
-    return y, {"M": M}, opt
 
 def dual_chunk(rule, W, opt, xe, ve, kern, psi, anchor):
     """gd / momentum on a structure with rank-one per-token gradients (`grad_factors`) whose

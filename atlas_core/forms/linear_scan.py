@@ -1,5 +1,5 @@
 """``core:chunkwise``'s linear path over whole chunks: gd or momentum on a linear memory
-(docs/math.md, "Parallel forms"; the per-chunk algebra is `anchored_chunk.linear_chunk`'s).
+(docs/math.md, "Parallel forms"; the per-chunk algebra in `anchored_chunk`'s module docstring).
 
 Per chunk of C tokens (m = C + c - 1 window-extended positions, n the chunk's last token), with
 the decay kernels `linear_kernels` (K, A and, for momentum, KZ, P, PL), the carried state

@@ -2,7 +2,7 @@
 
 ``chunk_linear(psi, xk, xv, xg, alpha, theta, eta, lag, m0, z0, chunk_size=, bias=, read=)``
 computes what ``core:chunkwise``'s linear fast path computes
-(`atlas_core.forms.anchored_chunk.linear_chunk`, the readable reference), with the
+(`atlas_core.forms.linear_scan.chunk_step`, the readable reference), with the
 forward in `chunk_linear_fwd` and the backward in `chunk_linear_bwd`, both Triton.
 
 Arguments (time-major per head, as in `atlas_core.rule.MemoryInputs`; c = window, TE = T + c - 1):

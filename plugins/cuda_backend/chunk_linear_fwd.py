@@ -1,7 +1,7 @@
 """Triton forward kernel of the chunk-anchored linear-memory update (``core:chunkwise`` fast path).
 
 Implements, per (batch, head), the chunk form of docs/math.md "Parallel forms" (Titans Sec 3.2, MIRAS
-Eq 28, Atlas Eq 15) exactly as `atlas_core.forms.anchored_chunk.linear_chunk` writes it.
+Eq 28, Atlas Eq 15) exactly as `atlas_core.forms.linear_scan.chunk_step` writes it.
 For one chunk of n tokens (n <= C) with window c and m = n + c - 1 extended positions:
 
     U   = X M0^T - V              (l2)   or   -V   (dot)              [m, Dv]
