@@ -88,6 +88,7 @@ import torch.distributed as dist
 from .. import input_checks
 from ..forms.exact_chunk import ExactPieces, exact_pieces
 from ..strategies.exact_chunk import ExactChunk
+from .map_plan import map_plan
 from .state_map import (SliceMap, analytic_form, chunk_maps, flush_subnormals, positions, scan_for,
                         slice_map)
 
@@ -265,20 +266,6 @@ def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     return P, C
 
 
-def _state_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
-    """``(P, C, map)`` of this rank's slice: from the rule's chunk form when it has one
-    (`state_map.slice_map`, ``map`` kept for the backward's `SliceMap.read_grad`), else by
-    `_probe` (``map`` None)."""
-    if analytic_form(call.rule) is None:
-        return (*_probe(call, q, k, v, gates, carried, like), None)
-    state = dict(carried)
-    state.update(_unrows(torch.zeros_like(like), call.memory_keys))
-    with torch.no_grad():
-        p = call.rule.prepare(q, k, v, gates or None, state)
-        sm = slice_map(call.rule, p, call.memory_keys)
-    return sm.P.to(like.dtype), sm.C.to(like.dtype), sm
-
-
 def _exact_chunk(call: _Call, q: torch.Tensor) -> int | None:
     """The chunk size when this rank runs its slice from `forms.exact_chunk.ExactPieces` (the pieces
     formed once for both the map and the run): the strategy is ``core:exact_chunk`` on a rule of
@@ -305,25 +292,166 @@ def _run_pieces(call: _Call, p, pieces: ExactPieces, rows_in: torch.Tensor):
     return rule.finish(p, (y, rule.final_state(memory, {}, *rule.extended_inputs(p))))
 
 
+def _quantum(call: _Call) -> int:
+    """Where pieces of a slice may start (`map_plan`): on the chunks of ``core:exact_chunk`` when
+    it runs a rule of the exact form (its rank reads its pieces' maps from its run's chunks), else
+    anywhere."""
+    if analytic_form(call.rule) != "exact":
+        return 1
+    strat = call.rule.runner(call.strategy)
+    if not isinstance(strat, ExactChunk):
+        return 1
+    chunk, sub = strat.chunk_for(call.rule), call.rule.steps_per_token  # chunks of sub-step positions
+    return chunk // math.gcd(chunk, sub)
+
+
+def _exchange(call: _Call, sends: list, recvs: list) -> None:
+    """Point-to-point messages: ``sends`` ``(to, tensor)``, ``recvs`` ``(from, buffer)``, posted
+    in the same order on every rank (the plan's), then all waited for."""
+    keep = [t.contiguous() for _, t in sends]
+    work = [dist.isend(t, call.ranks[to], group=call.group) for (to, _), t in zip(sends, keep)]
+    work += [dist.irecv(buf, call.ranks[frm], group=call.group) for frm, buf in recvs]
+    for w in work:
+        w.wait()
+
+
+def _window_at(call: _Call, carried, xs, gs, start: int, like: torch.Tensor) -> dict:
+    """The carried inputs at token ``start`` of this rank's slice: a window's last c - 1 inputs
+    before it and the anchor position there."""
+    rule = call.rule
+    c = rule.window if rule.composed else 1
+    out = {}
+    if c > 1:
+        if start == 0:
+            out.update({w: carried[w] for w in CARRIED[:3]})
+        else:  # the window after the last c - 1 tokens before start (from the carried one if fewer)
+            lo = max(0, start - (c - 1))
+            state = None
+            if lo == 0:
+                state = dict(carried)
+                state.update(_unrows(torch.zeros_like(like), call.memory_keys))
+            with torch.no_grad():
+                _, st = call.run(*(x[:, lo:start] for x in xs), {g: x[:, lo:start] for g, x in gs.items()},
+                                 state)
+            out.update({w: st[w].to(carried[w].dtype) for w in CARRIED[:3]})
+    if ANCHOR_POS in carried:
+        out[ANCHOR_POS] = torch.remainder(carried[ANCHOR_POS] + start, rule.anchor)
+    return out
+
+
+def _piece_inputs(call: _Call, plan, carried, q, k, v, gates, lengths, like) -> dict:
+    """The inputs of this rank's pieces, ``{index in plan: (q, k, v, gates, carried)}``: its own
+    slice's cut out, the others' received from their ranks (which send them here)."""
+    r, out = call.rank, {}
+    xs, names = (q, k, v), call.gate_names
+    sends, recvs = [], []
+    for i, pc in enumerate(plan):
+        if pc.slice == r:
+            cut = [x[:, pc.start:pc.end] for x in xs]
+            gcut = {g: gates[g][:, pc.start:pc.end] for g in names}
+            at = _window_at(call, carried, xs, gates, pc.start, like)
+            if pc.worker == r:
+                out[i] = (*cut, gcut, at)
+            else:
+                sends += [(pc.worker, x) for x in cut + [gcut[g] for g in names]]
+                sends += [(pc.worker, at[w]) for w in CARRIED[:3] if w in at]
+        elif pc.worker == r:  # another rank's tokens, shaped as this rank's
+            n = pc.end - pc.start
+            cut = [x.new_empty(x.shape[0], n, *x.shape[2:]) for x in xs]
+            gcut = {g: gates[g].new_empty(gates[g].shape[0], n, *gates[g].shape[2:]) for g in names}
+            at = {w: torch.empty_like(carried[w]) for w in CARRIED[:3] if w in carried}
+            recvs += [(pc.slice, x) for x in cut + [gcut[g] for g in names]]
+            recvs += [(pc.slice, at[w]) for w in CARRIED[:3] if w in at]
+            if ANCHOR_POS in carried:  # the position of that slice's token pc.start
+                pos0 = carried[ANCHOR_POS] - sum(lengths[:r])
+                at[ANCHOR_POS] = torch.remainder(pos0 + sum(lengths[:pc.slice]) + pc.start, call.rule.anchor)
+            out[i] = (*cut, gcut, at)
+    _exchange(call, sends, recvs)
+    return out
+
+
+@dataclass
+class _Chain:
+    """The boundaries of the map plan's pieces (`map_plan`), in sequence order: boundary 0 is the
+    start of slice 1 (rank 0's final memory), boundary k + 1 the end of piece k. Forward, a
+    boundary's memory is produced by one rank (rank 0, or the piece's worker) and received by the
+    ranks that need it (the next piece's worker, the rank whose slice starts there); backward,
+    the gradient at a boundary likewise, the other way. Point-to-point messages tagged by the
+    boundary: each rank takes its steps in its own order, and every step waits only for a
+    boundary before it (forward) or after it (backward)."""
+
+    plan: list
+    world: int
+
+    def __post_init__(self):
+        m, R = len(self.plan), self.world
+        self.m = m
+        self.start = {s: sum(pc.slice < s for pc in self.plan) for s in range(1, R)}
+        self.end = {s: sum(pc.slice <= s for pc in self.plan) for s in range(R - 1)}
+
+    def producer(self, k: int, backward: bool) -> int:
+        if backward:
+            return self.plan[k].worker if k < self.m else self.world - 1
+        return self.plan[k - 1].worker if k > 0 else 0
+
+    def consumers(self, k: int, backward: bool) -> set[int]:
+        if backward:  # the previous piece's worker, the ranks whose slice ends here
+            out = {s for s, e in self.end.items() if e == k}
+            return out | ({self.plan[k - 1].worker} if k > 0 else set())
+        out = {s for s, b in self.start.items() if b == k}  # the ranks whose slice starts here
+        return out | ({self.plan[k].worker} if k < self.m else set())
+
+    def tag(self, k: int, backward: bool) -> int:
+        return 1 + k + (self.m + 1 if backward else 0)  # 0: the plan's exchanges
+
+
+class _Boundaries:
+    """One rank's side of the chain's messages in one direction (`_Chain`)."""
+
+    def __init__(self, call: _Call, chain: _Chain, backward: bool, like: torch.Tensor):
+        self.call, self.chain, self.backward, self.like = call, chain, backward, like
+        self.known, self.sent = {}, []
+
+    def put(self, k: int, x: torch.Tensor) -> None:
+        x = x.detach().contiguous()
+        self.known[k] = x
+        for c in sorted(self.chain.consumers(k, self.backward) - {self.call.rank}):
+            self.sent.append(dist.isend(x, self.call.ranks[c], group=self.call.group,
+                                        tag=self.chain.tag(k, self.backward)))
+
+    def get(self, k: int) -> torch.Tensor:
+        if k not in self.known:
+            buf = torch.empty_like(self.like)
+            dist.recv(buf, self.call.ranks[self.chain.producer(k, self.backward)], group=self.call.group,
+                      tag=self.chain.tag(k, self.backward))
+            self.known[k] = buf
+        return self.known[k]
+
+    def done(self) -> None:
+        for w in self.sent:
+            w.wait()
+
+
 class _Affine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call: _Call, *tensors):
         s0, q, k, v, gates, params = call.unpack(tensors)
         keys = call.memory_keys
-        first, last = call.rank == 0, call.rank == call.world - 1
-        lengths = None  # the slices' lengths: read by a window's check and the anchor position
-        if ANCHOR_POS in s0 or any(w in s0 for w in CARRIED[:3]):
+        r, R = call.rank, call.world
+        first = r == 0
+        lengths = None  # the slices' lengths: the map plan, a window's check, the anchor position
+        if R > 2 or ANCHOR_POS in s0 or any(w in s0 for w in CARRIED[:3]):
             lengths = [int(x) for x in _gather(torch.tensor([q.shape[1]], device=q.device), call)]
         carried = _carried_inputs(call, s0, q, k, v, gates, lengths)
         rows0 = _rows(s0, keys).detach()
-        B, H, Dv, n = rows0.shape
+        n = rows0.shape[-1]
         chunk = _exact_chunk(call, q)
         with torch.enable_grad():
             carried_in = {key: _leaf(x) for key, x in carried.items()}
             xs = [_leaf(x) for x in (q, k, v)]
             gs = {g: _leaf(x) for g, x in gates.items()}
             pieces = None
-            if chunk is not None:  # the chunk form's pieces, once, for the map and the run
+            if chunk is not None:  # the chunk form's pieces, once, for the maps and the run
                 state = dict(carried_in)
                 state.update(_unrows(torch.zeros_like(rows0), keys))
                 p = call.rule.prepare(*xs, gs or None, state)
@@ -337,34 +465,37 @@ class _Affine(torch.autograd.Function):
                 state.update(_unrows(rows_in, keys))
                 return call.run(*xs, gs, state)
 
-        smap = None
+        # the middle slices' maps, in pieces spread over the ranks (`map_plan`; probed maps
+        # stay with their slice's rank, whose graph gives their g)
+        plan = map_plan(lengths or [q.shape[1]] * R, _quantum(call), balance=analytic_form(call.rule) is not None)
+        chain = _Chain(plan, R)
+        mine = [i for i, pc in enumerate(plan) if pc.worker == r]
+        inputs = _piece_inputs(call, plan, carried, *(x.detach() for x in (q, k, v)),
+                               {g: x.detach() for g, x in gates.items()}, lengths, rows0) if plan else {}
+        maps = {}
+        for i in mine:
+            pc = plan[i]
+            if pc.slice == r and pieces is not None:  # from the chunk pieces of this rank's run
+                a, b = (x * call.rule.steps_per_token for x in (pc.start, pc.end))  # positions
+                with torch.no_grad(), flush_subnormals():
+                    maps[i] = SliceMap([chunk_maps(pieces, a // chunk, -(-b // chunk), b - a)], compose=False)
+            else:
+                maps[i] = _piece_map(call, *inputs[i], rows0)
+        bounds = _Boundaries(call, chain, False, rows0)
+        rows_in = None
         if first:  # its initial memory is s0: it runs its slice now and hands on its final memory
             rows_in = _leaf(rows0)
             y, out = run(rows_in)
-            mine = torch.cat([rows0.new_zeros(B, H, n, n), _rows(out, keys).detach().transpose(-1, -2)], -1)
-        elif last:  # its map is applied by no rank, and its g_r comes from its own backward
-            mine = rows0.new_zeros(B, H, n, n + Dv)
-        else:  # a middle rank: the map
-            if pieces is not None:
-                with torch.no_grad(), flush_subnormals():
-                    smap = SliceMap([chunk_maps(pieces)], scan=scan_for("exact", n))
-                    P, C = smap.P, smap.C
-            else:
-                P, C, smap = _state_map(call, q.detach(), k.detach(), v.detach(),
-                                        {g: x.detach() for g, x in gates.items()}, carried, rows0)
-            mine = torch.cat([P.to(rows0.dtype), C.to(rows0.dtype).transpose(-1, -2)], dim=-1)
-        every = _gather(mine, call)  # [P | C^T] of every rank: [B, H, n, n + Dv]; rank 0's P unused
-        Ps = [x[..., :n] for x in every]
-        if not first:  # the scan over the ranks before this one, from rank 0's final memory
-            rows = every[0][..., n:].transpose(-1, -2)
-            for j in range(1, call.rank):
-                rows = torch.baddbmm(every[j][..., n:].transpose(-1, -2).flatten(0, 1), rows.flatten(0, 1),
-                                     Ps[j].transpose(-1, -2).flatten(0, 1)).unflatten(0, (B, H))
-            rows_in = _leaf(rows)
+            bounds.put(0, _rows(out, keys))
+        for i in mine:  # its pieces, in order: the memory at the piece's start carried through it
+            bounds.put(i + 1, _apply(maps[i], bounds.get(i)))
+        if not first:
+            rows_in = _leaf(bounds.get(chain.start[r]))
             y, out = run(rows_in)
+        bounds.done()
         with torch.enable_grad():
             rows_out = _rows(out, keys)
-        ctx.call, ctx.Ps, ctx.smap = call, Ps, smap
+        ctx.call, ctx.chain, ctx.maps = call, chain, maps
         ctx.graph = (y, rows_out, {w: out[w] for w in CARRIED[:3] if w in out})
         ctx.leaves = (rows_in, carried_in, xs, gs, params)
         outs = [out[key].detach() for key in call.state_keys]
@@ -372,8 +503,10 @@ class _Affine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy, *gstate):
-        call, Ps = ctx.call, ctx.Ps
-        first, last = call.rank == 0, call.rank == call.world - 1
+        call, chain = ctx.call, ctx.chain
+        plan = chain.plan
+        r, R = call.rank, call.world
+        last = r == R - 1
         y, rows_out, window_out = ctx.graph
         rows_in, carried_in, xs, gs, params = ctx.leaves
         keys = call.memory_keys
@@ -389,36 +522,32 @@ class _Affine(torch.autograd.Function):
             return _grads([y, rows_out], [rows_in, *carried_leaves, *x_leaves], [gy, into_out],
                           retain=bool(window))
 
-        # 1. g_r: the gradient of this rank's outputs with respect to its initial memory. The last
-        # rank's, with its final memory's gradient, is what its own backward of the slice gives
-        # (no later rank adds to it), so it runs that backward first; a middle rank's comes from
-        # the slice map's reads (no backward pass) or, for a probed map, by autograd; rank 0's is
-        # read by no rank
-        g_loc = got = None
-        if first:
-            pass
-        elif last:
+        every_gS = _gather(g_S, call)  # the caller's gradients of the ranks' final memories
+
+        def plus_ends(x, k):  # x + the gS of the slices that end at boundary k
+            for s, e in chain.end.items():
+                if e == k:
+                    x = x + every_gS[s]
+            return x
+
+        # the gradient at each boundary of everything after it, from the last rank back: the last
+        # rank's is what its own backward of the slice gives at its initial memory; each piece
+        # takes the one after it back through its chunks' maps, adding its outputs' reads
+        # (`SliceMap.read_grad`, one pass; for a probed map, the slice's graph and its P)
+        bounds = _Boundaries(call, chain, True, zeros)
+        got = None
+        if last:
             got = backward_of_slice(g_S)
-            g_loc = got[0]
-        elif ctx.smap is not None:
-            g_loc = ctx.smap.read_grad(positions(call.rule, gy).to(rows_out.dtype)).to(rows_out.dtype)
-        else:
-            (g_loc,) = _grads([y], [rows_in], [gy], retain=True)
-        g_loc = zeros if g_loc is None else g_loc
-        every = _gather(torch.cat([g_loc, g_S], dim=-2), call)  # one all-gather of both
-        Dv = g_loc.shape[-2]
-        gl, gss = [x[..., :Dv, :] for x in every], [x[..., Dv:, :] for x in every]
-        # 2. the scan back: mu_j = g_j + (gS_j + mu_{j+1}) P_j, from the last rank down (the
-        # last rank's g already holds its gS P)
-        mu = zeros
-        if not last:
-            mu = gl[call.world - 1]
-            for j in range(call.world - 2, call.rank, -1):
-                mu = gl[j] + (gss[j] + mu) @ Ps[j]
-        if got is None:  # the backward of the slice with the gradient of its final memory
-            got = backward_of_slice(g_S + mu)
+            bounds.put(chain.m, plus_ends(got[0] if got[0] is not None else zeros, chain.m))
+        gys = _piece_grads(call, plan, gy) if plan else {}
+        for i in sorted(ctx.maps, reverse=True):
+            after = bounds.get(i + 1)
+            bounds.put(i, plus_ends(_back(call, ctx.maps[i], gys[i], after, y, rows_in, gy), i))
+        if got is None:  # the backward of the slice with the gradient at its final memory
+            got = backward_of_slice(bounds.get(chain.end[r]))
+        bounds.done()
         g_rows, g_carried, g_x = got[0], got[1:1 + len(window)], got[1 + len(window):]
-        # 3. the window inputs' gradient goes back to the rank whose last inputs they are
+        # the window inputs' gradient goes back to the rank whose last inputs they are
         g_window_in = {}
         if window:
             flat = [(g if g is not None else torch.zeros_like(carried_in[w])).reshape(
@@ -426,7 +555,7 @@ class _Affine(torch.autograd.Function):
             every = _gather(torch.cat(flat, dim=-1), call)
             g_window_in = dict(zip(window, g_carried))
             sizes = [carried_in[w][0].numel() for w in window]
-            nxt = every[call.rank + 1].split(sizes, dim=-1) if call.rank + 1 < call.world else None
+            nxt = every[r + 1].split(sizes, dim=-1) if r + 1 < R else None
             g_wout = []
             for i, w in enumerate(window):
                 g = gS.get(w)
@@ -439,14 +568,63 @@ class _Affine(torch.autograd.Function):
         g_s0 = []
         g_rows_keys = _unrows(g_rows, keys) if g_rows is not None else {}
         for key in call.state_keys:
-            if call.rank != 0:
+            if r != 0:
                 g_s0.append(None)
             elif key in g_rows_keys:
                 g_s0.append(g_rows_keys[key])
             else:
                 g_s0.append(g_window_in.get(key))
-        ctx.graph = ctx.leaves = ctx.smap = None
+        ctx.graph = ctx.leaves = ctx.maps = None
         return (None, *g_s0, *g_x)
+
+
+def _piece_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
+    """A piece's map: the chunks' maps of its chunk form (`state_map.slice_map`, not composed)
+    or, without one, ``(P, C)`` probed with the rule (`_probe`; the piece is its rank's slice)."""
+    if analytic_form(call.rule) is None:
+        return _probe(call, q, k, v, gates, carried, like)
+    state = dict(carried)
+    state.update(_unrows(torch.zeros_like(like), call.memory_keys))
+    with torch.no_grad():
+        p = call.rule.prepare(q, k, v, gates or None, state)
+        return slice_map(call.rule, p, call.memory_keys, compose=False)
+
+
+def _apply(piece, rows: torch.Tensor) -> torch.Tensor:
+    """The memory after a piece from the memory before it (rows layout)."""
+    if isinstance(piece, SliceMap):
+        dtype = piece.runs[0].b.dtype
+        return piece.apply(rows.to(dtype)).to(rows.dtype)
+    P, C = piece
+    return torch.baddbmm(C.flatten(0, 1), rows.flatten(0, 1), P.transpose(-1, -2).flatten(0, 1)).view(rows.shape)
+
+
+def _back(call: _Call, piece, gy_piece, after: torch.Tensor, y, rows_in, gy) -> torch.Tensor:
+    """The gradient at a piece's initial memory: its outputs' (``gy_piece``) and ``after``'s,
+    the gradient at its final memory (rows layout)."""
+    if isinstance(piece, SliceMap):
+        dtype = piece.runs[0].b.dtype
+        return piece.read_grad(positions(call.rule, gy_piece).to(dtype), after.to(dtype)).to(after.dtype)
+    P, _ = piece  # a probed piece is its rank's whole slice: its reads' gradient from its graph
+    (g,) = _grads([y], [rows_in], [gy], retain=True)
+    g = torch.zeros_like(after) if g is None else g
+    return torch.baddbmm(g.flatten(0, 1), after.flatten(0, 1), P.flatten(0, 1)).view(after.shape)
+
+
+def _piece_grads(call: _Call, plan, gy: torch.Tensor) -> dict:
+    """The output gradients of this rank's pieces, ``{index in plan: [B, n, H, Dv]}``: its own
+    slice's cut out, the others' received from their ranks (which send them here)."""
+    r, out, sends, recvs = call.rank, {}, [], []
+    for i, pc in enumerate(plan):
+        if pc.slice == r and pc.worker != r:
+            sends.append((pc.worker, gy[:, pc.start:pc.end]))
+        elif pc.worker == r and pc.slice != r:
+            out[i] = gy.new_empty(gy.shape[0], pc.end - pc.start, *gy.shape[2:])
+            recvs.append((pc.slice, out[i]))
+        elif pc.worker == r:
+            out[i] = gy[:, pc.start:pc.end]
+    _exchange(call, sends, recvs)
+    return out
 
 
 # -- the relay mode ----------------------------------------------------------------------------------

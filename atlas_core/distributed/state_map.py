@@ -210,12 +210,18 @@ def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tens
 
 class SliceMap:
     """The composed map of a slice (``P``, ``C`` in `context`'s rows layout) and what
-    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps."""
+    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps. With
+    ``compose=False`` nothing is composed: the chunks' maps are kept, `apply` carries a memory
+    through them and `read_grad` runs back through them."""
 
-    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False):
-        self.runs, self.end, self.scan = runs, end, scan
+    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False,
+                 compose: bool = True):
+        self.runs, self.end, self.scan = runs, end, scan or not compose
         r0 = runs[0]
         n = r0.Y.shape[-1]
+        if not compose:
+            self.P = self.C = None
+            return
         if scan:  # [P | c] through the chunks; P's columns that the first chunk zeroes stay 0
             live = n if r0.live is None else r0.live
             x = torch.eye(n, dtype=r0.b.dtype, device=r0.b.device)[:, :live].expand(*r0.b.shape[:2], n, live)
@@ -247,9 +253,29 @@ class SliceMap:
 
     @torch.no_grad()
     @flush_subnormals()
-    def read_grad(self, gy: torch.Tensor) -> torch.Tensor:
+    def apply(self, rows: torch.Tensor) -> torch.Tensor:
+        """The memory after the slice from the memory ``rows`` before it (rows layout ``[B, H, Dv,
+        n]``), chunk after chunk: ``St' = T_c St + b_c`` (``Dv`` columns, not the ``n + Dv`` of
+        composing)."""
+        x = rows.transpose(-1, -2).contiguous()
+        spare = torch.empty_like(x)
+        for run in self.runs:
+            for i in range(run.Dn.shape[2]):
+                x, spare = run.step(x, i, spare), x
+                x[..., :run.b.shape[-2], :] += run.b[:, :, i]
+        if self.end is not None:
+            x = self.end @ x
+        return x.transpose(-1, -2)
+
+    @torch.no_grad()
+    @flush_subnormals()
+    def read_grad(self, gy: torch.Tensor, after: torch.Tensor | None = None) -> torch.Tensor:
         """``d <gy, y> / d S_in`` in the rows layout ``[B, H, Dv, n]``; ``gy: [B, H, T, Dv]``, one
-        row per position (with sub-steps, `positions` spreads a token's over its sub-steps)."""
+        row per position (with sub-steps, `positions` spreads a token's over its sub-steps).
+        ``after``: a gradient at the memory after the slice (rows layout), carried back with
+        the reads' (``d <after, S_out> / d S_in`` added: one pass for both)."""
+        if after is not None and not self.scan:
+            raise ValueError("read_grad with a gradient after the slice runs chunk by chunk (scan)")
         hs, lo = [], 0
         for run in self.runs:  # h = Y^T gy per chunk
             N, C = run.Y.shape[2], run.Y.shape[3]
@@ -258,6 +284,10 @@ class SliceMap:
             hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, n, Dv]
         if self.scan:  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
             total = spare = None
+            if after is not None:
+                total = after.transpose(-1, -2).contiguous()
+                if self.end is not None:
+                    total = self.end.transpose(-1, -2) @ total
             for run, h in zip(reversed(self.runs), reversed(hs)):
                 for i in range(run.Dn.shape[2] - 1, -1, -1):
                     if total is None:
@@ -310,13 +340,17 @@ def positions(rule, gy: torch.Tensor) -> torch.Tensor:
 
 
 # -- the exact (UT / WY) form ------------------------------------------------------------------------
-def chunk_maps(pieces: ex.ExactPieces) -> _Run:
-    """The chunks' maps of `forms.exact_chunk.ExactPieces` in the structured form (`_Run`),
-    without a graph: ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``."""
-    W, U, Dn, Qs, Pm = (x.detach() for x in (pieces.W, pieces.U, pieces.Dn, pieces.Qs, pieces.Pm))
-    return _Run(mix=pieces.mix.detach(), diag=None, Dn=Dn, Wm=W, woff=[0] * W.shape[2],
+def chunk_maps(pieces: ex.ExactPieces, lo: int = 0, hi: int | None = None,
+               tokens: int | None = None) -> _Run:
+    """The maps of chunks ``lo`` to ``hi`` (exclusive; None: to the last) of
+    `forms.exact_chunk.ExactPieces` in the structured form (`_Run`), without a graph:
+    ``T_c = mix (x) I + Dn W``, ``b_c = -Dn U``, ``Y_c = Qs - Pm W``. ``tokens``: the real tokens
+    of those chunks (None: every token of the pieces)."""
+    part = lambda x: x.detach()[:, :, lo:hi]  # noqa: E731
+    W, U, Dn, Qs, Pm = (part(x) for x in (pieces.W, pieces.U, pieces.Dn, pieces.Qs, pieces.Pm))
+    return _Run(mix=part(pieces.mix), diag=None, Dn=Dn, Wm=W, woff=[0] * W.shape[2],
                 b=torch.bmm(Dn.flatten(0, 2), U.flatten(0, 2)).neg_().view(*Dn.shape[:-1], U.shape[-1]),
-                Y=_minus_mm(Qs, Pm, W), tokens=pieces.tokens)
+                Y=_minus_mm(Qs, Pm, W), tokens=pieces.tokens if tokens is None else tokens)
 
 
 def _exact_run(rule, p, C: int) -> _Run:
@@ -442,10 +476,12 @@ def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
 # -- the entry point -----------------------------------------------------------------------------------
 @torch.no_grad()
 @flush_subnormals()
-def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) -> SliceMap:
+def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
+              compose: bool = True) -> SliceMap:
     """The state map of the slice prepared in ``p`` (`ComposedRule.prepare`, with the slice's
     carried inputs in its state; the memory entries are not read). ``memory_keys``: the memory
-    tensors in the order of `context._rows`."""
+    tensors in the order of `context._rows`; ``compose`` False: the chunks' maps only
+    (`SliceMap.apply`, `SliceMap.read_grad`)."""
     kind = analytic_form(rule)
     if kind is None:
         raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
@@ -462,7 +498,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         z = p.v.new_zeros(*p.shape[:2], 1, n, 1)
         return SliceMap([_Run(mix=torch.ones_like(z[..., :1, :]), diag=None, Dn=z, Wm=z.mT, woff=[0],
                               b=p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
-                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)])
+                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)], compose=compose)
     n, Dv = len(want) * Dk, p.v.shape[-1]
     base = MAP_CHUNK if n < 64 else 2 * MAP_CHUNK
     if kind in ("key", "exact"):
@@ -471,7 +507,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         else:
             c = rule.form.window
             run = _exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))
-        return SliceMap([run], scan=scan_for(kind, n))
+        return SliceMap([run], scan=scan_for(kind, n), compose=compose)
     A = rule.form.anchor
     C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
@@ -497,4 +533,4 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
     end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
-    return SliceMap(runs, end, scan=scan_for(kind, n))
+    return SliceMap(runs, end, scan=scan_for(kind, n), compose=compose)
