@@ -20,54 +20,53 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    *memory* (``M``, the optimiser state ``Z.M``, the anchor memory ``anchor.M``). Rank r's carried
    inputs are the last c - 1 inputs of rank r - 1's slice (one all-gather; slices must hold at
    least c - 1 tokens) and the position ``(pos0 + T_0 + ... + T_{r-1}) mod A``;
-2. with its carried inputs fixed, rank r's slice maps its initial memory affinely to its final
-   memory. Every memory tensor is ``[B, H, Dv, Dphi]`` and the rows of the stacked memory
+2. with its carried inputs fixed, a piece of a slice maps its initial memory affinely to its
+   final memory. Every memory tensor is ``[B, H, Dv, Dphi]`` and the rows of the stacked memory
    ``S [B, H, Dv, K * Dphi]`` (K tensors) evolve independently under one shared operator, so
    ``S_out = S_in P^T + C`` with ``P: [B, H, K Dphi, K Dphi]`` and ``C: [B, H, Dv, K Dphi]``.
    Where the rule has a chunk form (`state_map.analytic_form`: the per-token delta family by the
    UT / WY transform, per-key decay (KDA) by its per-key form, anchored rules by the anchored
-   chunk form; Gated DeltaNet, Titans, Omega windows, scalar decays), they come out of it,
-   without a graph: the chunks' transitions composed (`state_map.slice_map`). Otherwise
-   (momentum with a per-key decay) they are
-   measured with the rule itself, exactly: one run from S = 0 gives C, and ``m = ceil(K Dphi /
-   Dv)`` runs from basis rows (row i of probe p holds basis vector ``p Dv + i``) give the columns
-   of P, one after another, without a graph (`_probe`);
-   Rank 0 needs no map: its initial memory is ``s0``, so it runs its slice (with a graph) at
-   once and hands on its final memory ``S_1``. The last rank's map is applied by no rank, and
-   its ``g_r`` is its own backward's (below): it forms nothing beyond its slice's run. Under
-   ``core:exact_chunk`` a rank forms the chunk form's pieces once, with a graph
-   (`forms.exact_chunk.exact_pieces`), and runs its slice on them (`ExactPieces.loop`, the
-   strategy's own chunk loop); a middle rank reads its map from them (`state_map.chunk_maps`);
-3. all ranks all-gather (rank 0's ``S_1``, the middle ranks' (P, C)) and compose them in rank
-   order (a scan over ranks): rank r's true initial memory is ``S_r = S_{r-1} P_{r-1}^T +
-   C_{r-1}`` from ``S_1``; then each rank r > 0 runs its slice from its true initial state (with
-   a graph);
-4. backward: with ``g_r`` the gradient of rank r's outputs with respect to its initial memory
-   (from the chunk form's reads, `SliceMap.read_grad`, a reverse pass over the chunks' maps;
-   for a probed map by a backward of the slice), the gradient reaching rank r's final memory is
-   ``mu_{r+1} = g_{r+1} + (gS_{r+1} + mu_{r+2}) P_{r+1}`` (``gS``: the caller's gradient of a
-   returned state; rank 0's ``g`` is read by no rank and not formed): one all-gather of the
-   ``g_r``, a scan the other way, then one backward of the slice with that gradient. The last
-   rank runs that backward first, with its ``gS`` alone (no later rank adds to it): the gradient
-   it gives at the slice's initial memory is its ``g`` with its ``gS P`` folded in, so no rank
-   needs the last rank's ``P``. The
-   gradient of each rank's carried window inputs goes back to the rank whose inputs they are
-   (one all-gather).
+   chunk form; Gated DeltaNet, Titans, Omega windows, scalar decays), the map is kept as its
+   chunks' maps (`state_map.slice_map`), never composed into ``P``: a memory is carried through
+   them (`SliceMap.apply`, Dv columns) and a gradient back (`SliceMap.read_grad`). Otherwise
+   (momentum with a per-key decay) ``(P, C)`` are measured with the rule itself, exactly: one
+   run from S = 0 gives C, and ``m = ceil(K Dphi / Dv)`` runs from basis rows (row i of probe p
+   holds basis vector ``p Dv + i``) give the columns of P, one after another, without a graph
+   (`_probe`);
+3. the map work: rank 0 needs no map (its initial memory is ``s0``) and the last rank's is
+   applied by no rank, so only the middle slices 1 .. R - 2 have maps, and `map_plan` cuts them,
+   end to end, into R consecutive pieces of about equal length, piece j's maps formed by rank j
+   (a piece inside rank j's own slice under ``core:exact_chunk`` is read from the chunk pieces of
+   its own run, `forms.exact_chunk.exact_pieces` / `state_map.chunk_maps`; another rank's
+   tokens are sent to it, with the carried inputs at the piece's start). Probed maps stay with
+   their slice's rank (their ``g`` below needs its graph);
+4. forward, a chain of boundary memories (`map_plan.Chain`): rank 0 runs its slice (with a graph) and
+   hands on its final memory ``S_1``; each piece's rank carries the memory at its start through
+   the piece's maps and hands on the memory at its end; rank r > 0 runs its slice (with a
+   graph) from the memory at its start. Point-to-point messages, one ``[B, H, Dv, K Dphi]``
+   memory per piece boundary;
+5. backward, the same chain the other way: the last rank runs its backward of the slice with
+   its final memory's gradient ``gS`` (the caller's) and hands on the gradient at its initial
+   memory; each piece's rank carries the gradient at its end back through its maps, adding the
+   gradient of the piece's outputs in the same pass (`SliceMap.read_grad`; the outputs'
+   gradients come from their rank; a probed piece adds its slice's ``g`` from its graph and
+   multiplies by P), plus ``gS`` of a slice that ends there, and hands it on; rank r < R - 1
+   runs its backward of the slice with the gradient at its final memory. The gradient of each
+   rank's carried window inputs goes back to the rank whose inputs they are (one all-gather).
 
 Cost of ``affine`` per rank, slice of T_r tokens, with a chunk form: one forward and one backward
-of the slice (what one process running the slice does), plus, on the middle ranks, the map (the
-chunk form's pieces without a graph, about one forward's, shared with the slice's own run under
-``core:exact_chunk``, and the composition: ``(T_r / C) (K Dphi)^3`` multiply-adds in a tree, or
-chunk by chunk ``T_r 2 r (K Dphi + Dv) K Dphi / C`` for ``Dn Wm`` of rank r, r = (K - 1) Dphi
-C for the anchored form; `state_map.scan_for`) and ``g_r`` (``T_r K Dphi Dv + (T_r / C) (K
-Dphi)^2 Dv``); on rank 0 and the last rank nothing. With probing, a middle rank's slice runs
-m + 2 times forward and twice backward (with Dv = Dphi, m = K).
-Communication: the all-gather of (P, C), ``R B H (K^2 Dphi^2 + Dv K Dphi)`` numbers, of the
-``g_r`` and the caller's state gradients (``2 R B H Dv K Dphi``) and, with a window, of the
-carried inputs; memory: the maps (and on a middle rank the chunk form's per-chunk maps and
-reads, ``T_r K Dphi + 2 (T_r / C) (K Dphi)^2`` numbers, kept for ``g_r``). The ranks work at
-once; the all-gather of the maps waits for rank 0's forward of its slice where that takes longer
-than a rank's map.
+of the slice (what one process running the slice does), plus ``(R - 2) / R`` of a slice's maps
+(R = 4: half a slice's): their pieces (about a forward's work without a graph, shared with the
+slice's own run under ``core:exact_chunk`` where the piece is the rank's own), carrying a memory
+through them (``2 r (K Dphi) Dv`` multiply-adds a chunk of C tokens for a map ``mix (x) I +
+Dn Wm`` of rank r; r = C for the exact form, Dphi for the anchored one) and a gradient back with
+the reads (about 1.5 times that). Composing the maps into P would cost ``2 r (K Dphi) (K Dphi +
+Dv)`` a chunk and ``R (K Dphi)^2`` numbers sent per rank; the chain sends ``Dv K Dphi`` numbers
+per boundary each way instead, and waits: a piece's memory goes on when its start's has come,
+so the forward's chain takes the pieces' carries one after another (R - 2 slices' worth of
+``Dv``-column carries, small against a slice's forward at R = 4) and likewise backward. With
+probing, a middle rank's slice runs m + 2 times forward and twice backward (with Dv = Dphi,
+m = K). Memory: the pieces' chunk maps (``T_r K Dphi`` numbers and the pieces, per rank).
 
 ``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):
 rank r waits for rank r - 1's final state (point-to-point send/recv), runs its slice and sends its
@@ -88,9 +87,8 @@ import torch.distributed as dist
 from .. import input_checks
 from ..forms.exact_chunk import ExactPieces, exact_pieces
 from ..strategies.exact_chunk import ExactChunk
-from .map_plan import map_plan
-from .state_map import (SliceMap, analytic_form, chunk_maps, flush_subnormals, positions, scan_for,
-                        slice_map)
+from .map_plan import Boundaries, Chain, exchange, map_plan
+from .state_map import SliceMap, analytic_form, chunk_maps, flush_subnormals, positions, slice_map
 
 ANCHOR_POS = "anchor.pos"
 CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
@@ -305,16 +303,6 @@ def _quantum(call: _Call) -> int:
     return chunk // math.gcd(chunk, sub)
 
 
-def _exchange(call: _Call, sends: list, recvs: list) -> None:
-    """Point-to-point messages: ``sends`` ``(to, tensor)``, ``recvs`` ``(from, buffer)``, posted
-    in the same order on every rank (the plan's), then all waited for."""
-    keep = [t.contiguous() for _, t in sends]
-    work = [dist.isend(t, call.ranks[to], group=call.group) for (to, _), t in zip(sends, keep)]
-    work += [dist.irecv(buf, call.ranks[frm], group=call.group) for frm, buf in recvs]
-    for w in work:
-        w.wait()
-
-
 def _window_at(call: _Call, carried, xs, gs, start: int, like: torch.Tensor) -> dict:
     """The carried inputs at token ``start`` of this rank's slice: a window's last c - 1 inputs
     before it and the anchor position there."""
@@ -366,70 +354,8 @@ def _piece_inputs(call: _Call, plan, carried, q, k, v, gates, lengths, like) -> 
                 pos0 = carried[ANCHOR_POS] - sum(lengths[:r])
                 at[ANCHOR_POS] = torch.remainder(pos0 + sum(lengths[:pc.slice]) + pc.start, call.rule.anchor)
             out[i] = (*cut, gcut, at)
-    _exchange(call, sends, recvs)
+    exchange(call, sends, recvs)
     return out
-
-
-@dataclass
-class _Chain:
-    """The boundaries of the map plan's pieces (`map_plan`), in sequence order: boundary 0 is the
-    start of slice 1 (rank 0's final memory), boundary k + 1 the end of piece k. Forward, a
-    boundary's memory is produced by one rank (rank 0, or the piece's worker) and received by the
-    ranks that need it (the next piece's worker, the rank whose slice starts there); backward,
-    the gradient at a boundary likewise, the other way. Point-to-point messages tagged by the
-    boundary: each rank takes its steps in its own order, and every step waits only for a
-    boundary before it (forward) or after it (backward)."""
-
-    plan: list
-    world: int
-
-    def __post_init__(self):
-        m, R = len(self.plan), self.world
-        self.m = m
-        self.start = {s: sum(pc.slice < s for pc in self.plan) for s in range(1, R)}
-        self.end = {s: sum(pc.slice <= s for pc in self.plan) for s in range(R - 1)}
-
-    def producer(self, k: int, backward: bool) -> int:
-        if backward:
-            return self.plan[k].worker if k < self.m else self.world - 1
-        return self.plan[k - 1].worker if k > 0 else 0
-
-    def consumers(self, k: int, backward: bool) -> set[int]:
-        if backward:  # the previous piece's worker, the ranks whose slice ends here
-            out = {s for s, e in self.end.items() if e == k}
-            return out | ({self.plan[k - 1].worker} if k > 0 else set())
-        out = {s for s, b in self.start.items() if b == k}  # the ranks whose slice starts here
-        return out | ({self.plan[k].worker} if k < self.m else set())
-
-    def tag(self, k: int, backward: bool) -> int:
-        return 1 + k + (self.m + 1 if backward else 0)  # 0: the plan's exchanges
-
-
-class _Boundaries:
-    """One rank's side of the chain's messages in one direction (`_Chain`)."""
-
-    def __init__(self, call: _Call, chain: _Chain, backward: bool, like: torch.Tensor):
-        self.call, self.chain, self.backward, self.like = call, chain, backward, like
-        self.known, self.sent = {}, []
-
-    def put(self, k: int, x: torch.Tensor) -> None:
-        x = x.detach().contiguous()
-        self.known[k] = x
-        for c in sorted(self.chain.consumers(k, self.backward) - {self.call.rank}):
-            self.sent.append(dist.isend(x, self.call.ranks[c], group=self.call.group,
-                                        tag=self.chain.tag(k, self.backward)))
-
-    def get(self, k: int) -> torch.Tensor:
-        if k not in self.known:
-            buf = torch.empty_like(self.like)
-            dist.recv(buf, self.call.ranks[self.chain.producer(k, self.backward)], group=self.call.group,
-                      tag=self.chain.tag(k, self.backward))
-            self.known[k] = buf
-        return self.known[k]
-
-    def done(self) -> None:
-        for w in self.sent:
-            w.wait()
 
 
 class _Affine(torch.autograd.Function):
@@ -468,7 +394,7 @@ class _Affine(torch.autograd.Function):
         # the middle slices' maps, in pieces spread over the ranks (`map_plan`; probed maps
         # stay with their slice's rank, whose graph gives their g)
         plan = map_plan(lengths or [q.shape[1]] * R, _quantum(call), balance=analytic_form(call.rule) is not None)
-        chain = _Chain(plan, R)
+        chain = Chain(plan, R)
         mine = [i for i, pc in enumerate(plan) if pc.worker == r]
         inputs = _piece_inputs(call, plan, carried, *(x.detach() for x in (q, k, v)),
                                {g: x.detach() for g, x in gates.items()}, lengths, rows0) if plan else {}
@@ -478,10 +404,10 @@ class _Affine(torch.autograd.Function):
             if pc.slice == r and pieces is not None:  # from the chunk pieces of this rank's run
                 a, b = (x * call.rule.steps_per_token for x in (pc.start, pc.end))  # positions
                 with torch.no_grad(), flush_subnormals():
-                    maps[i] = SliceMap([chunk_maps(pieces, a // chunk, -(-b // chunk), b - a)], compose=False)
+                    maps[i] = SliceMap([chunk_maps(pieces, a // chunk, -(-b // chunk), b - a)])
             else:
                 maps[i] = _piece_map(call, *inputs[i], rows0)
-        bounds = _Boundaries(call, chain, False, rows0)
+        bounds = Boundaries(call, chain, False, rows0)
         rows_in = None
         if first:  # its initial memory is s0: it runs its slice now and hands on its final memory
             rows_in = _leaf(rows0)
@@ -534,7 +460,7 @@ class _Affine(torch.autograd.Function):
         # rank's is what its own backward of the slice gives at its initial memory; each piece
         # takes the one after it back through its chunks' maps, adding its outputs' reads
         # (`SliceMap.read_grad`, one pass; for a probed map, the slice's graph and its P)
-        bounds = _Boundaries(call, chain, True, zeros)
+        bounds = Boundaries(call, chain, True, zeros)
         got = None
         if last:
             got = backward_of_slice(g_S)
@@ -587,7 +513,7 @@ def _piece_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     state.update(_unrows(torch.zeros_like(like), call.memory_keys))
     with torch.no_grad():
         p = call.rule.prepare(q, k, v, gates or None, state)
-        return slice_map(call.rule, p, call.memory_keys, compose=False)
+        return slice_map(call.rule, p, call.memory_keys)
 
 
 def _apply(piece, rows: torch.Tensor) -> torch.Tensor:
@@ -623,7 +549,7 @@ def _piece_grads(call: _Call, plan, gy: torch.Tensor) -> dict:
             recvs.append((pc.slice, out[i]))
         elif pc.worker == r:
             out[i] = gy[:, pc.start:pc.end]
-    _exchange(call, sends, recvs)
+    exchange(call, sends, recvs)
     return out
 
 

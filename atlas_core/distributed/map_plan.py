@@ -10,11 +10,18 @@ end to end, into R consecutive pieces of about equal length, piece j formed by r
 that crosses a slice boundary becomes one piece per slice). At R = 4 rank 0 forms the map of the
 first half of slice 1, rank 1 that of the second half, rank 2 and rank 3 those of slice 2's
 halves: every rank forms ``(R - 2) / R`` of a slice's map instead of the middle ranks one each.
+
+`Chain` and `Boundaries` carry the memories at the pieces' boundaries from rank to rank (forward)
+and their gradients back, `exchange` a piece's inputs or output gradients to its rank; ``call``
+there is the context-parallel call (its ``rank``, ``ranks`` and ``group``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -64,3 +71,75 @@ def map_plan(lengths: list[int], quantum: int = 1, balance: bool = True) -> list
             if a < b:
                 out.append(Piece(s, a - first, b - first, j))
     return out
+
+
+def exchange(call, sends: list, recvs: list) -> None:
+    """Point-to-point messages: ``sends`` ``(to, tensor)``, ``recvs`` ``(from, buffer)``, posted
+    in the same order on every rank (the plan's), then all waited for."""
+    keep = [t.contiguous() for _, t in sends]
+    work = [dist.isend(t, call.ranks[to], group=call.group) for (to, _), t in zip(sends, keep)]
+    work += [dist.irecv(buf, call.ranks[frm], group=call.group) for frm, buf in recvs]
+    for w in work:
+        w.wait()
+
+
+@dataclass
+class Chain:
+    """The boundaries of the map plan's pieces (`map_plan`), in sequence order: boundary 0 is the
+    start of slice 1 (rank 0's final memory), boundary k + 1 the end of piece k. Forward, a
+    boundary's memory is produced by one rank (rank 0, or the piece's worker) and received by the
+    ranks that need it (the next piece's worker, the rank whose slice starts there); backward,
+    the gradient at a boundary likewise, the other way. Point-to-point messages tagged by the
+    boundary: each rank takes its steps in its own order, and every step waits only for a
+    boundary before it (forward) or after it (backward)."""
+
+    plan: list
+    world: int
+
+    def __post_init__(self):
+        m, R = len(self.plan), self.world
+        self.m = m
+        self.start = {s: sum(pc.slice < s for pc in self.plan) for s in range(1, R)}
+        self.end = {s: sum(pc.slice <= s for pc in self.plan) for s in range(R - 1)}
+
+    def producer(self, k: int, backward: bool) -> int:
+        if backward:
+            return self.plan[k].worker if k < self.m else self.world - 1
+        return self.plan[k - 1].worker if k > 0 else 0
+
+    def consumers(self, k: int, backward: bool) -> set[int]:
+        if backward:  # the previous piece's worker, the ranks whose slice ends here
+            out = {s for s, e in self.end.items() if e == k}
+            return out | ({self.plan[k - 1].worker} if k > 0 else set())
+        out = {s for s, b in self.start.items() if b == k}  # the ranks whose slice starts here
+        return out | ({self.plan[k].worker} if k < self.m else set())
+
+    def tag(self, k: int, backward: bool) -> int:
+        return 1 + k + (self.m + 1 if backward else 0)  # 0: the plan's exchanges
+
+
+class Boundaries:
+    """One rank's side of the chain's messages in one direction (`Chain`)."""
+
+    def __init__(self, call, chain: Chain, backward: bool, like: torch.Tensor):
+        self.call, self.chain, self.backward, self.like = call, chain, backward, like
+        self.known, self.sent = {}, []
+
+    def put(self, k: int, x: torch.Tensor) -> None:
+        x = x.detach().contiguous()
+        self.known[k] = x
+        for c in sorted(self.chain.consumers(k, self.backward) - {self.call.rank}):
+            self.sent.append(dist.isend(x, self.call.ranks[c], group=self.call.group,
+                                        tag=self.chain.tag(k, self.backward)))
+
+    def get(self, k: int) -> torch.Tensor:
+        if k not in self.known:
+            buf = torch.empty_like(self.like)
+            dist.recv(buf, self.call.ranks[self.chain.producer(k, self.backward)], group=self.call.group,
+                      tag=self.chain.tag(k, self.backward))
+            self.known[k] = buf
+        return self.known[k]
+
+    def done(self) -> None:
+        for w in self.sent:
+            w.wait()

@@ -1,7 +1,9 @@
-"""The state map of one slice of a sequence, computed from the rule's chunk form (no probe runs).
+"""The state map of a piece of a sequence, computed from the rule's chunk form (no probe runs).
 
-Context parallelism's ``affine`` mode (`atlas_core.distributed.context`) needs, for rank r's
-slice, the affine map from the slice's initial memory to its final memory. Write the K memory
+Context parallelism's ``affine`` mode (`atlas_core.distributed.context`) carries a memory through
+a piece of a slice (its chunks' maps applied to it) and a gradient back through it, with its
+outputs' reads added, without running the rule: the piece's affine map from its initial memory
+to its final memory, kept chunk by chunk. Write the K memory
 tensors ``[B, H, Dv, Dk]`` of the state (``M``, ``Z.M``, ``anchor.M``, in the order of their
 keys) stacked along the key axis and transposed: ``St = [M^T ; Z^T ; anchor.M^T]: [B, H, n, Dv]``
 with ``n = K Dk``. The columns of ``St`` (one per value dimension) evolve independently under one
@@ -10,9 +12,9 @@ operator that depends on the keys, gates and positions only, so a chunk of C tok
     St_out = T_c St_in + b_c,         y_t = Y_t St_in + (a term without the memory)
 
 with ``T_c: [n, n]``, ``b_c: [n, Dv]`` (the values enter only here) and ``Y_c: [C, n]`` (the
-reads). The whole slice's map is the product of its chunks' ``(T_c, b_c)``: ``P = T_{N-1} ...
-T_0``, ``C = `` the composed ``b``, i.e. ``S_out = S_in P^T + C^T`` in the rows layout of
-`context._rows`. Three chunk forms give ``(T_c, b_c, Y_c)`` (docs/math.md, "Exact chunked forms"
+reads). The piece's map is the product of its chunks' ``(T_c, b_c)`` (``S_out = S_in P^T +
+C^T`` in the rows layout of `context._rows`, with ``P = T_{N-1} ... T_0``), applied chunk by
+chunk. Three chunk forms give ``(T_c, b_c, Y_c)`` (docs/math.md, "Exact chunked forms"
 and "Parallel forms"; docs/distributed.md):
 
 - ``exact`` (``anchor = 1``: the delta rule, Gated DeltaNet's gradient at the decayed memory,
@@ -34,21 +36,19 @@ and "Parallel forms"; docs/distributed.md):
 
 Representation and cost (n = K Dk, per chunk of C tokens, `MAP_CHUNK`): the chunks' pieces are
 formed for all chunks at once (as the strategies do, without a graph), each chunk's map in its
-structured form ``T_c = mix (x) I + Dn Wm`` (`_Run`). Then either the maps are formed and
-composed pairwise in a tree (log2 N batched products, N n^3 multiply-adds in all), or ``[P | C]``
-is carried through the chunks one after another in the structured form (2 r (n + Dv) n a chunk
-for ``Dn Wm`` of rank r; the anchored form's touches only Dk columns), in two preallocated
-buffers: `scan_for` picks by form and n. The pieces are kept: the gradient of the slice's
-outputs with respect to its initial memory (`SliceMap.read_grad`) is then one reverse pass,
-``h = Y^T gy`` per chunk and ``h_pair = h_left + T_left^T h_right`` over the tree (n^2 Dv per
-pair) or ``h = Y_i^T gy_i + T_i^T h`` chunk by chunk, instead of a backward pass through the
-slice. Both run with subnormal floats
-flushed to 0 (`flush_subnormals`).
+structured form ``T_c = mix (x) I + Dn Wm`` (`_Run`; the anchored form's ``Dn Wm`` touches only
+Dk columns). `SliceMap.apply` carries a memory (``Dv`` columns) through them chunk after chunk,
+``2 r n Dv`` multiply-adds a chunk for ``Dn Wm`` of rank r; `SliceMap.read_grad` runs back,
+``h = Y_i^T gy_i + T_i^T h`` chunk by chunk from a gradient at the memory after the piece (or
+0), about 1.5 times that: the gradient of the piece's outputs and of its final memory with
+respect to its initial memory, without a backward pass through the piece. The slice's map
+itself, ``P`` (n x n), is never formed: composing it would cost ``2 C n (n + Dv)`` a chunk.
+Both run with subnormal floats flushed to 0 (`flush_subnormals`).
 
 Under ``core:exact_chunk`` a context-parallel rank forms the exact form's pieces once, with a
 graph (`forms.exact_chunk.exact_pieces`): it runs its slice on them from its true initial memory
-(`ExactPieces.loop`, the strategy's own chunk loop), and a middle rank reads its map from the same
-pieces (`chunk_maps`), so the map adds only its composition to the slice's own work.
+(`ExactPieces.loop`, the strategy's own chunk loop), and reads the maps of its own slice's
+pieces from the same pieces (`chunk_maps`).
 
 `analytic_form` says which form covers a rule (None: `context` probes the map with the rule).
 """
@@ -68,31 +68,11 @@ from ..forms.key_decay_chunk import decayed_scores
 from ..forms.linear_scan import kernel_rows
 
 #: tokens per chunk of the maps (the map is the rule's: any chunk size gives it): ``MAP_CHUNK``
-#: while n = K Dk < 64, twice that from there (composing costs n^3 / C a token, the chunk's own
-#: pieces about C^2: measured best at Dk = 16 and 64); with an Omega window of c tokens the exact
+#: while n = K Dk < 64, twice that from there (fewer, larger batched products against the
+#: chunk's own pieces, about C^2 a token); with an Omega window of c tokens the exact
 #: form's system is C c wide, so its chunks are ``2 C / c`` (at least 4); an anchored rule's are
 #: the largest divisor of the anchor up to C
 MAP_CHUNK = 32
-
-
-#: from n = K Dk = ``SCAN_FROM`` on, a slice map may be composed chunk after chunk in the
-#: structured form (`SliceMap`'s scan) rather than in a tree of formed maps (`scan_for`)
-SCAN_FROM = 64
-
-
-def scan_for(kind: str, n: int) -> bool:
-    """Whether `SliceMap` composes chunk after chunk (``[P | c]`` carried through the structured
-    maps) rather than in a tree of formed maps, for a form ``kind`` and n = K Dk. Multiply-adds per
-    chunk of C tokens (C c with a window): the scan ``2 C n (n + Dv)`` to compose and
-    ``2 C n Dv`` back; the tree ``C n^2`` to form the map, ``n^3 + n^2 Dv`` to compose it with
-    its neighbour and ``n^2 Dv`` back, in fewer, larger batched products, but with ``[N, n, n]``
-    tensors per level. The anchored form's ``Dn Wm`` touches Dk columns only
-    (``2 (K - 1) Dk n`` a token): it scans from n = ``SCAN_FROM``; the exact and per-key forms
-    (``Dn Wm`` of rank C) compose in a tree below n = 2 ``SCAN_FROM`` (measured on one CPU core at
-    Dk = 16 and 64, n = 16 to 192)."""
-    if kind == "anchored":
-        return n >= SCAN_FROM
-    return n >= 2 * SCAN_FROM
 
 
 @contextmanager
@@ -143,8 +123,7 @@ class _Run:
     [B, H, N, n]`` or None (ones), ``Dn [B, H, N, nd, r]`` (the first nd rows; the others have
     none), ``Wm [B, H, N, r, w]`` in the columns ``woff[i]`` to ``woff[i] + w`` of chunk i;
     ``b [B, H, N, nb, Dv]`` (the first nb <= n rows; the others are 0), ``Y [B, H, N, C, n]``
-    (rows of padded tokens are ignored: their ``gy`` is 0) and the number of real tokens; the
-    first chunk's columns from ``live`` on are 0."""
+    (rows of padded tokens are ignored: their ``gy`` is 0) and the number of real tokens."""
 
     mix: torch.Tensor
     diag: torch.Tensor | None
@@ -154,27 +133,6 @@ class _Run:
     b: torch.Tensor
     Y: torch.Tensor
     tokens: int
-    live: int | None = None
-
-    def dense(self) -> torch.Tensor:
-        """Every chunk's ``T [B, H, N, n, n]``."""
-        n, (nd, w) = self.Y.shape[-1], (self.Dn.shape[-2], self.Wm.shape[-1])
-        if nd == w == n:
-            T = self.Dn @ self.Wm
-        else:
-            T = self.Dn.new_zeros(*self.Dn.shape[:3], n, n)
-            for off in sorted(set(self.woff)):
-                idx = [i for i, o in enumerate(self.woff) if o == off]
-                T[:, :, idx, :nd, off:off + w] = self.Dn[:, :, idx] @ self.Wm[:, :, idx]
-        K = self.mix.shape[-1]
-        d = n // K
-        for i in range(K):  # + Diag(diag) (mix (x) I), in place on the blocks' diagonals
-            for j in range(K):
-                add = self.mix[..., i, j, None]
-                if self.diag is not None:
-                    add = add * self.diag[..., i * d:(i + 1) * d]
-                T[..., i * d:(i + 1) * d, j * d:(j + 1) * d].diagonal(dim1=-2, dim2=-1).add_(add)
-        return T
 
     def step(self, x: torch.Tensor, i: int, out: torch.Tensor) -> torch.Tensor:
         """``T_i x`` for ``x [B, H, n, m]``, written into ``out`` (x's shape and layout, not x):
@@ -209,47 +167,12 @@ def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tens
 
 
 class SliceMap:
-    """The composed map of a slice (``P``, ``C`` in `context`'s rows layout) and what
-    `read_grad` needs: the pieces' tree levels (small n) or the chunks' structured maps. With
-    ``compose=False`` nothing is composed: the chunks' maps are kept, `apply` carries a memory
-    through them and `read_grad` runs back through them."""
+    """A piece's chunk maps (`_Run`, consecutive) and the anchor reset after its last token
+    (``end``, ``[n, n]``, when it ends on a block boundary): `apply` carries a memory through
+    them, `read_grad` a gradient back."""
 
-    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None, scan: bool = False,
-                 compose: bool = True):
-        self.runs, self.end, self.scan = runs, end, scan or not compose
-        r0 = runs[0]
-        n = r0.Y.shape[-1]
-        if not compose:
-            self.P = self.C = None
-            return
-        if scan:  # [P | c] through the chunks; P's columns that the first chunk zeroes stay 0
-            live = n if r0.live is None else r0.live
-            x = torch.eye(n, dtype=r0.b.dtype, device=r0.b.device)[:, :live].expand(*r0.b.shape[:2], n, live)
-            x = torch.cat([x, r0.b.new_zeros(*r0.b.shape[:2], n, r0.b.shape[-1])], dim=-1)
-            spare = torch.empty_like(x)  # the two buffers the steps write in turn
-            for run in runs:
-                for i in range(run.Dn.shape[2]):
-                    x, spare = run.step(x, i, spare), x
-                    x[..., :run.b.shape[-2], live:] += run.b[:, :, i]
-            P, c = F.pad(x[..., :live], (0, n - live)), x[..., live:]
-        else:
-            self.levels = []  # per run: the T of every level of its tree
-            Ts, bs = [], []
-            for run in runs:
-                T, b = run.dense(), F.pad(run.b, (0, 0, 0, n - run.b.shape[-2]))
-                lv = [T]
-                while T.shape[2] > 1:
-                    T, b = _pairs(T, b)
-                    lv.append(T)
-                self.levels.append(lv)
-                Ts.append(T[:, :, 0])
-                bs.append(b[:, :, 0])
-            P, c = Ts[0], bs[0]
-            for T, b in zip(Ts[1:], bs[1:]):
-                P, c = T @ P, T @ c + b
-        if end is not None:  # the anchor reset at a block boundary after the last token
-            P, c = end @ P, end @ c
-        self.P, self.C = P, c.transpose(-1, -2)
+    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None):
+        self.runs, self.end = runs, end
 
     @torch.no_grad()
     @flush_subnormals()
@@ -274,56 +197,27 @@ class SliceMap:
         row per position (with sub-steps, `positions` spreads a token's over its sub-steps).
         ``after``: a gradient at the memory after the slice (rows layout), carried back with
         the reads' (``d <after, S_out> / d S_in`` added: one pass for both)."""
-        if after is not None and not self.scan:
-            raise ValueError("read_grad with a gradient after the slice runs chunk by chunk (scan)")
         hs, lo = [], 0
         for run in self.runs:  # h = Y^T gy per chunk
             N, C = run.Y.shape[2], run.Y.shape[3]
             g = F.pad(gy[:, :, lo:lo + run.tokens], (0, 0, 0, N * C - run.tokens)).unflatten(2, (N, C))
             lo += run.tokens
             hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, n, Dv]
-        if self.scan:  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
-            total = spare = None
-            if after is not None:
-                total = after.transpose(-1, -2).contiguous()
-                if self.end is not None:
-                    total = self.end.transpose(-1, -2) @ total
-            for run, h in zip(reversed(self.runs), reversed(hs)):
-                for i in range(run.Dn.shape[2] - 1, -1, -1):
-                    if total is None:
-                        total, spare = h[:, :, i].clone(), torch.empty_like(h[:, :, i])
-                        continue
-                    if spare is None:
-                        spare = torch.empty_like(total)
-                    total, spare = run.step_t(total, i, spare), total
-                    total += h[:, :, i]
-            return total.transpose(-1, -2)
-        total, before = None, None  # before: the product of the earlier runs' maps
-        for h, lv in zip(hs, self.levels):
-            for T in lv[:-1]:
-                h = _pairs_back(T, h)
-            h = h[:, :, 0]
-            total = h if before is None else total + before.transpose(-1, -2) @ h
-            T = lv[-1][:, :, 0]
-            before = T if before is None else T @ before
+        total = spare = None  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
+        if after is not None:
+            total = after.transpose(-1, -2).contiguous()
+            if self.end is not None:
+                total = self.end.transpose(-1, -2) @ total
+        for run, h in zip(reversed(self.runs), reversed(hs)):
+            for i in range(run.Dn.shape[2] - 1, -1, -1):
+                if total is None:
+                    total, spare = h[:, :, i].clone(), torch.empty_like(h[:, :, i])
+                    continue
+                if spare is None:
+                    spare = torch.empty_like(total)
+                total, spare = run.step_t(total, i, spare), total
+                total += h[:, :, i]
         return total.transpose(-1, -2)
-
-
-def _pairs(T: torch.Tensor, b: torch.Tensor):
-    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through."""
-    N = T.shape[2]
-    if N % 2:
-        T = torch.cat([T, torch.eye(T.shape[-1], dtype=T.dtype, device=T.device).expand_as(T[:, :, :1])], 2)
-        b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
-    T0, T1 = T[:, :, 0::2], T[:, :, 1::2]
-    return T1 @ T0, T1 @ b[:, :, 0::2] + b[:, :, 1::2]
-
-
-def _pairs_back(T: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The reverse pass of `_pairs`: ``h_pair = h_left + T_left^T h_right``."""
-    if h.shape[2] % 2:
-        h = torch.cat([h, torch.zeros_like(h[:, :, :1])], dim=2)
-    return h[:, :, 0::2] + T[:, :, 0::2].transpose(-1, -2) @ h[:, :, 1::2]
 
 
 def positions(rule, gy: torch.Tensor) -> torch.Tensor:
@@ -411,7 +305,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
         return x.unfold(2, m, C).movedim(-1, 3) if x.dim() == 4 else x.unfold(2, m, C)
 
-    X, V = ext(xk).contiguous(), ext(xv)  # X: every chunk's Wm, read by the scan's products
+    X, V = ext(xk).contiguous(), ext(xv)  # X: every chunk's Wm, read by the steps' products
     if c == 1:  # theta_t Wm_t: the token's own weight at its own position
         w, rows = theta * chunked(xg, 0.0) * lag[0], None
     else:
@@ -460,7 +354,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         mix[..., 0] += op[:, :, 0] * mix[..., -1]
         mix[..., -1] *= 1 - op[:, :, 0]
     return _Run(mix=mix, diag=None, Dn=Dn, Wm=X, woff=[0 if o else ia for o in opens], b=b, Y=Y,
-                tokens=T, live=ia if opens[0] else None)
+                tokens=T)
 
 
 def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
@@ -476,12 +370,10 @@ def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
 # -- the entry point -----------------------------------------------------------------------------------
 @torch.no_grad()
 @flush_subnormals()
-def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
-              compose: bool = True) -> SliceMap:
-    """The state map of the slice prepared in ``p`` (`ComposedRule.prepare`, with the slice's
+def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) -> SliceMap:
+    """The chunk maps of the piece prepared in ``p`` (`ComposedRule.prepare`, with the piece's
     carried inputs in its state; the memory entries are not read). ``memory_keys``: the memory
-    tensors in the order of `context._rows`; ``compose`` False: the chunks' maps only
-    (`SliceMap.apply`, `SliceMap.read_grad`)."""
+    tensors in the order of `context._rows`."""
     kind = analytic_form(rule)
     if kind is None:
         raise ValueError("this rule's slice map has no chunk form here (analytic_form is None)")
@@ -498,7 +390,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
         z = p.v.new_zeros(*p.shape[:2], 1, n, 1)
         return SliceMap([_Run(mix=torch.ones_like(z[..., :1, :]), diag=None, Dn=z, Wm=z.mT, woff=[0],
                               b=p.v.new_zeros(*p.shape[:2], 1, n, p.v.shape[-1]),
-                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)], compose=compose)
+                              Y=p.v.new_zeros(*p.shape[:2], 1, 1, n), tokens=0)])
     n, Dv = len(want) * Dk, p.v.shape[-1]
     base = MAP_CHUNK if n < 64 else 2 * MAP_CHUNK
     if kind in ("key", "exact"):
@@ -507,7 +399,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
         else:
             c = rule.form.window
             run = _exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))
-        return SliceMap([run], scan=scan_for(kind, n), compose=compose)
+        return SliceMap([run])
     A = rule.form.anchor
     C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
@@ -533,4 +425,4 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None,
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
     end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
-    return SliceMap(runs, end, scan=scan_for(kind, n), compose=compose)
+    return SliceMap(runs, end)

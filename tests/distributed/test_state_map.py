@@ -1,13 +1,15 @@
-"""The slice map from the rule's chunk form (`atlas_core.distributed.state_map`) equals the map
-measured by running the rule (`context._probe`), in float64 to 1e-10, for every family it covers:
+"""The chunk maps of a piece from the rule's chunk form (`atlas_core.distributed.state_map`)
+carry a memory as the map measured by running the rule does (`context._probe`: the map read
+back from `SliceMap.apply` equals it), in float64 to 1e-10, for every family they cover:
 the delta rule, Gated DeltaNet (gradient at the decayed memory), KDA (per-key decay) and Omega
 (read after and before), Longhorn (a key-dependent weight), Gated DeltaProduct (2 sub-steps a
 token), Titans' momentum with and without an anchor (read after and before), an Omega window with
 an anchor, gd with decay and an anchor. Slices start at several positions inside anchor blocks
-and span several chunks (small chunk sizes); the map of a slice equals the composition of its two
-halves' maps (split calls); the gradient of the slice's outputs with respect to its initial memory
-(`SliceMap.read_grad`) equals autograd's. One process: the maps are per rank
-(tests/distributed/test_context_parallel.py checks whole runs over 2 and 4 ranks)."""
+and span several chunks (small chunk sizes); carried through the two halves of a slice (split
+calls) a memory ends where the whole slice's map takes it; the gradient of the slice's outputs
+and of a loss on its final memory with respect to its initial memory (`SliceMap.read_grad`, with
+and without a gradient after the slice) equals autograd's. One process: the maps are per rank
+(tests/distributed/test_context_parallel.py checks whole runs over 2 to 5 ranks)."""
 
 from __future__ import annotations
 
@@ -87,68 +89,83 @@ def test_form_covers_the_family(name):
     assert analytic_form(_rule(name)) == FAMILIES[name][1]
 
 
-@pytest.fixture(params=["tree", "scan"])
-def composition(request, monkeypatch):
-    """Both ways of composing the chunks' maps, for every form (at the sizes here the default
-    is the tree)."""
-    if request.param == "scan":
-        monkeypatch.setattr(state_map, "scan_for", lambda kind, n: True)
-    return request.param
+def _read_back(sm, like):
+    """``(P, C)`` of a piece from its chunk maps: C from the memory 0, P's columns from basis
+    memories (as `context._probe` measures them with the rule)."""
+    B_, H_, Dv, n = like.shape
+    C = sm.apply(torch.zeros_like(like))
+    P = torch.zeros(B_, H_, n, n, dtype=like.dtype)
+    eye = torch.eye(n, dtype=like.dtype)
+    for lo in range(0, n, Dv):
+        hi = min(lo + Dv, n)
+        basis = torch.zeros_like(like)
+        basis[:, :, :hi - lo] = eye[lo:hi]
+        P[..., lo:hi] = (sm.apply(basis) - C)[:, :, :hi - lo].transpose(-1, -2)
+    return P, C
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_map_equals_the_probed_map(name, composition):
+def test_map_equals_the_probed_map(name):
     rule = _rule(name)
     for T, pos in ((13, 0), (30, 1), (5, 3), (16, 0), (21, 6)):
         x = _inputs(rule, T, pos)
         P, C = _probed(rule, *x)
+        like = cx._rows(x[-1], _split(x[-1])[0])
         for chunk in _chunks(rule):
-            sm = _analytic(rule, *x, chunk)
-            assert sm.scan == (composition == "scan")
-            _close(sm.P, P, f"{name} P, T = {T}, pos = {pos}, chunk = {chunk}")
-            _close(sm.C, C, f"{name} C, T = {T}, pos = {pos}, chunk = {chunk}")
+            got_P, got_C = _read_back(_analytic(rule, *x, chunk), like)
+            _close(got_P, P, f"{name} P, T = {T}, pos = {pos}, chunk = {chunk}")
+            _close(got_C, C, f"{name} C, T = {T}, pos = {pos}, chunk = {chunk}")
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_map_of_split_calls_composes(name):
-    """Two calls, the second from the state the first leaves: their maps compose to the map of
-    the one call on the whole slice."""
+    """Two calls, the second from the state the first leaves: a memory carried through the
+    first's chunk maps, then the second's, ends where the one call's maps take it."""
     rule = _rule(name)
     T, cut = 23, 9
     q, k, v, gates, state = _inputs(rule, T, pos=1)
+    memory, _ = _split(state)
     whole = _analytic(rule, q, k, v, gates, state, None)
     head = [x[:, :cut] for x in (q, k, v)], {n: g[:, :cut] for n, g in gates.items()}
     tail = [x[:, cut:] for x in (q, k, v)], {n: g[:, cut:] for n, g in gates.items()}
     first = _analytic(rule, *head[0], head[1], state, None)
     _, mid = rule(*head[0], gates=head[1] or None, state=state, strategy="core:sequential")
     second = _analytic(rule, *tail[0], tail[1], mid, None)
-    _close(second.P @ first.P, whole.P, f"{name} P")
-    _close(first.C @ second.P.transpose(-1, -2) + second.C, whole.C, f"{name} C")
+    rows = torch.randn(cx._rows(state, memory).shape, generator=torch.Generator().manual_seed(7),
+                       dtype=torch.float64)
+    _close(second.apply(first.apply(rows)), whole.apply(rows), name)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_read_grad_equals_autograd(name, composition):
+def test_read_grad_equals_autograd(name):
+    """With the outputs' gradient alone and with a gradient at the final memory too (a piece of
+    a context-parallel slice: the gradient after it carried back with its reads)."""
     rule = _rule(name)
-    for T, pos in ((13, 0), (22, 3)):
+    g = torch.Generator().manual_seed(5)
+    for T, pos in ((13, 0), (22, 3), (16, 0)):
         q, k, v, gates, state = _inputs(rule, T, pos)
         memory, carried = _split(state)
         rows = cx._rows(state, memory).clone().requires_grad_(True)
-        y, _ = rule(q, k, v, gates=gates or None, state={**carried, **cx._unrows(rows, memory)},
-                    strategy="core:sequential")
-        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-        (want,) = torch.autograd.grad((y * gy).sum(), rows)
+        y, final = rule(q, k, v, gates=gates or None, state={**carried, **cx._unrows(rows, memory)},
+                        strategy="core:sequential")
+        gy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+        after = torch.randn(rows.shape, generator=g, dtype=torch.float64)
+        (want,) = torch.autograd.grad((y * gy).sum(), rows, retain_graph=True)
+        (want_after,) = torch.autograd.grad((y * gy).sum() + (cx._rows(final, memory) * after).sum(), rows)
         for chunk in _chunks(rule):
-            got = _analytic(rule, q, k, v, gates, state, chunk).read_grad(positions(rule, gy))
-            _close(got, want, f"{name} T = {T}, pos = {pos}, chunk = {chunk}")
+            sm = _analytic(rule, q, k, v, gates, state, chunk)
+            _close(sm.read_grad(positions(rule, gy)), want, f"{name} T = {T}, pos = {pos}, chunk = {chunk}")
+            _close(sm.read_grad(positions(rule, gy), after), want_after,
+                   f"{name} with a gradient after, T = {T}, pos = {pos}, chunk = {chunk}")
 
 
-def test_empty_slice_is_the_identity(composition):
+def test_empty_slice_is_the_identity():
     rule = _rule("titans_anchor4")
     q, k, v, gates, state = _inputs(rule, 0, pos=2)
     sm = _analytic(rule, q, k, v, gates, state, None)
-    n = 3 * D
-    _close(sm.P, torch.eye(n, dtype=torch.float64).expand(B, H, n, n), "P")
-    _close(sm.C, torch.zeros(B, H, D, n, dtype=torch.float64), "C")
+    rows = torch.randn(B, H, D, 3 * D, dtype=torch.float64)
+    _close(sm.apply(rows), rows, "apply")
+    _close(sm.read_grad(torch.zeros(B, H, 0, D, dtype=torch.float64), rows), rows, "read_grad")
 
 
 def test_rules_without_a_form_are_probed():
