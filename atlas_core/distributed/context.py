@@ -393,7 +393,9 @@ class _Affine(torch.autograd.Function):
 
         # the middle slices' maps, in pieces spread over the ranks (`map_plan`; probed maps
         # stay with their slice's rank, whose graph gives their g)
-        plan = map_plan(lengths or [q.shape[1]] * R, _quantum(call), balance=analytic_form(call.rule) is not None)
+        quantum = _quantum(call)  # > 1: own pieces from the run's chunk pieces, others' formed anew
+        plan = map_plan(lengths or [q.shape[1]] * R, quantum, balance=analytic_form(call.rule) is not None,
+                        foreign=2 if quantum > 1 else 1)
         chain = Chain(plan, R)
         mine = [i for i, pc in enumerate(plan) if pc.worker == r]
         inputs = _piece_inputs(call, plan, carried, *(x.detach() for x in (q, k, v)),

@@ -35,15 +35,18 @@ class Piece:
     worker: int
 
 
-def map_plan(lengths: list[int], quantum: int = 1, balance: bool = True) -> list[Piece]:
+def map_plan(lengths: list[int], quantum: int = 1, balance: bool = True, foreign: int = 1) -> list[Piece]:
     """The pieces of the middle slices' maps, in sequence order. ``lengths``: every rank's slice
     length; ``quantum``: piece boundaries inside a slice fall on multiples of it from the slice's
     start (a rank reading its own piece from the chunk pieces of its run needs them on its chunk
-    boundaries); ``balance`` False: each middle slice whole, by its own rank (maps that only the
-    slice's own rank can form: probed ones)."""
+    boundaries); ``foreign``: the work of a token of another rank's slice against one of the
+    rank's own (2 where a rank's own pieces come from its run's chunk pieces and another's must
+    be formed): consecutive runs of pieces, one per rank, of about equal work; ``balance``
+    False: each middle slice whole, by its own rank (maps that only the slice's own rank can
+    form: probed ones)."""
     R = len(lengths)
-    if quantum < 1:
-        raise ValueError(f"quantum={quantum} must be at least 1")
+    if quantum < 1 or foreign < 1:
+        raise ValueError(f"quantum={quantum} and foreign={foreign} must be at least 1")
     middle = list(range(1, R - 1))
     if not balance:
         return [Piece(s, 0, lengths[s], s) for s in middle if lengths[s]]
@@ -51,23 +54,51 @@ def map_plan(lengths: list[int], quantum: int = 1, balance: bool = True) -> list
     for s in middle:
         starts.append(total)
         total += lengths[s]
+    if not total:
+        return []
 
-    def cut(x: int) -> int:  # the boundary nearest x (middle coordinates) on a quantum
+    def where(x: int) -> tuple[int, int]:  # the middle slice holding token x, and its start
         for s, lo in zip(middle, starts):
             if x < lo + lengths[s] or s == middle[-1]:
-                off = x - lo
-                return lo + min(lengths[s], quantum * ((2 * off + quantum) // (2 * quantum)))
-        return total
+                return s, lo
+        return middle[-1], starts[-1]
+
+    def take(j: int, x: int, budget: int) -> int:  # rank j's work of ``budget`` from token x on
+        while x < total:
+            s, lo = where(x)
+            w = 1 if s == j else foreign
+            n = min(lo + lengths[s] - x, budget // w)
+            x, budget = x + n, budget - n * w
+            if x < lo + lengths[s]:
+                break
+        return x
+
+    def ends(budget: int) -> list[int]:  # each rank's last token + 1, every rank given budget
+        x, out = 0, []
+        for j in range(R):
+            x = take(j, x, budget)
+            out.append(x)
+        return out
+
+    lo, hi = 0, foreign * total  # the least budget that covers every token (work is monotone in it)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ends(mid)[-1] >= total else (mid + 1, hi)
+
+    def cut(x: int) -> int:  # the boundary nearest x (middle coordinates) on a quantum
+        s, first = where(x)
+        off = x - first
+        return first + min(lengths[s], quantum * ((2 * off + quantum) // (2 * quantum)))
 
     cuts = [0]
-    for j in range(1, R):
-        cuts.append(max(cuts[-1], cut((2 * j * total + R) // (2 * R))))
+    for x in ends(lo)[:-1]:
+        cuts.append(max(cuts[-1], cut(x)))
     cuts.append(total)
     out = []
     for j in range(R):
-        lo, hi = cuts[j], cuts[j + 1]
+        a_, b_ = cuts[j], cuts[j + 1]
         for s, first in zip(middle, starts):  # the span's part in each slice it crosses
-            a, b = max(lo, first), min(hi, first + lengths[s])
+            a, b = max(a_, first), min(b_, first + lengths[s])
             if a < b:
                 out.append(Piece(s, a - first, b - first, j))
     return out

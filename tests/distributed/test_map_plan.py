@@ -13,8 +13,9 @@ LENGTHS = [[8, 8, 7, 7], [1024] * 4, [10, 10, 10], [1024, 1024, 1024], [100] * 6
 
 @pytest.mark.parametrize("lengths", LENGTHS)
 @pytest.mark.parametrize("quantum", [1, 4, 32])
-def test_pieces_cover_the_middle_slices_in_order(lengths, quantum):
-    plan = map_plan(lengths, quantum)
+@pytest.mark.parametrize("foreign", [1, 2])
+def test_pieces_cover_the_middle_slices_in_order(lengths, quantum, foreign):
+    plan = map_plan(lengths, quantum, foreign=foreign)
     R = len(lengths)
     for s in range(1, R - 1):  # each middle slice exactly, in order, without gaps
         parts = [pc for pc in plan if pc.slice == s]
@@ -33,15 +34,29 @@ def test_pieces_cover_the_middle_slices_in_order(lengths, quantum):
 def test_every_rank_gets_its_share(lengths):
     R = len(lengths)
     plan = map_plan(lengths, 1)
-    share = sum(lengths[1:-1]) / R
-    for r in range(R):
-        mine = sum(pc.end - pc.start for pc in plan if pc.worker == r)
-        assert abs(mine - share) <= 1, (r, mine, share)
+    counts = [sum(pc.end - pc.start for pc in plan if pc.worker == r) for r in range(R)]
+    assert sum(counts) == sum(lengths[1:-1])
+    assert max(counts) - min(counts) <= R, counts  # the least largest share, the rest to the last
 
 
-def test_four_ranks_split_each_middle_slice_in_halves():
+@pytest.mark.parametrize("lengths", [[1024] * 4, [999] * 3, [300] * 6, [64] * 8])
+def test_foreign_tokens_weigh_more(lengths):
+    """With another rank's tokens at twice the work of a rank's own, each rank's work (own
+    tokens + 2 x others') is about equal."""
+    R = len(lengths)
+    plan = map_plan(lengths, 1, foreign=2)
+    work = [sum((pc.end - pc.start) * (1 if pc.slice == r else 2) for pc in plan if pc.worker == r)
+            for r in range(R)]
+    assert max(work) - min(work) <= 2 * R, work  # the least largest share, the rest to the last
+    assert max(work) < (2 * sum(lengths[1:-1])) / R  # less than with equal token counts
+
+
+def test_four_ranks_split_each_middle_slice():
     assert map_plan([1024] * 4, 32) == [Piece(1, 0, 512, 0), Piece(1, 512, 1024, 1),
                                         Piece(2, 0, 512, 2), Piece(2, 512, 1024, 3)]
+    # another rank's tokens at twice the work: a third of each middle slice goes to rank 0 / 3
+    assert map_plan([1024] * 4, 32, foreign=2) == [Piece(1, 0, 352, 0), Piece(1, 352, 1024, 1),
+                                                   Piece(2, 0, 672, 2), Piece(2, 672, 1024, 3)]
 
 
 def test_unbalanced_plan_keeps_slices_whole():
@@ -50,5 +65,5 @@ def test_unbalanced_plan_keeps_slices_whole():
 
 
 def test_quantum_must_be_positive():
-    with pytest.raises(ValueError, match="quantum=0 must be at least 1"):
+    with pytest.raises(ValueError, match="quantum=0 and foreign=1 must be at least 1"):
         map_plan([4, 4, 4], 0)
