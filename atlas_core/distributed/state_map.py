@@ -122,8 +122,9 @@ class _Run:
     ``T = Diag(diag) (mix (x) I_Dk) + [Dn; 0] [0 Wm 0]``: ``mix [B, H, N, K, K]``, ``diag
     [B, H, N, n]`` or None (ones), ``Dn [B, H, N, nd, r]`` (the first nd rows; the others have
     none), ``Wm [B, H, N, r, w]`` in the columns ``woff[i]`` to ``woff[i] + w`` of chunk i;
-    ``b [B, H, N, nb, Dv]`` (the first nb <= n rows; the others are 0), ``Y [B, H, N, C, n]``
-    (rows of padded tokens are ignored: their ``gy`` is 0) and the number of real tokens."""
+    ``b [B, H, N, nb, Dv]`` (the first nb <= n rows; the others are 0), ``Y [B, H, N, C, ny]``
+    (the first ny <= n columns, the others 0; rows of padded tokens are ignored: their ``gy`` is
+    0) and the number of real tokens."""
 
     mix: torch.Tensor
     diag: torch.Tensor | None
@@ -133,6 +134,11 @@ class _Run:
     b: torch.Tensor
     Y: torch.Tensor
     tokens: int
+    n: int = 0  # the state's width (0: Y's)
+
+    @property
+    def width(self) -> int:
+        return self.n or self.Y.shape[-1]
 
     def step(self, x: torch.Tensor, i: int, out: torch.Tensor) -> torch.Tensor:
         """``T_i x`` for ``x [B, H, n, m]``, written into ``out`` (x's shape and layout, not x):
@@ -168,11 +174,12 @@ def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tens
 
 class SliceMap:
     """A piece's chunk maps (`_Run`, consecutive) and the anchor reset after its last token
-    (``end``, ``[n, n]``, when it ends on a block boundary): `apply` carries a memory through
-    them, `read_grad` a gradient back."""
+    (``reset = (ia, Dk)`` when it ends on a block boundary: the anchor block, rows ``ia`` on of
+    ``St``, takes M's, the first Dk): `apply` carries a memory through them, `read_grad` a
+    gradient back."""
 
-    def __init__(self, runs: list[_Run], end: torch.Tensor | None = None):
-        self.runs, self.end = runs, end
+    def __init__(self, runs: list[_Run], reset: tuple[int, int] | None = None):
+        self.runs, self.reset = runs, reset
 
     @torch.no_grad()
     @flush_subnormals()
@@ -186,8 +193,9 @@ class SliceMap:
             for i in range(run.Dn.shape[2]):
                 x, spare = run.step(x, i, spare), x
                 x[..., :run.b.shape[-2], :] += run.b[:, :, i]
-        if self.end is not None:
-            x = self.end @ x
+        if self.reset is not None:
+            ia, Dk = self.reset
+            x[..., ia:, :] = x[..., :Dk, :]
         return x.transpose(-1, -2)
 
     @torch.no_grad()
@@ -202,21 +210,25 @@ class SliceMap:
             N, C = run.Y.shape[2], run.Y.shape[3]
             g = F.pad(gy[:, :, lo:lo + run.tokens], (0, 0, 0, N * C - run.tokens)).unflatten(2, (N, C))
             lo += run.tokens
-            hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, n, Dv]
-        total = spare = None  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
-        if after is not None:
+            hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, ny, Dv]
+        r0 = self.runs[0]
+        first = after is None  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
+        if first:
+            total = gy.new_zeros(*r0.b.shape[:2], r0.width, gy.shape[-1])
+        else:
             total = after.transpose(-1, -2).contiguous()
-            if self.end is not None:
-                total = self.end.transpose(-1, -2) @ total
+            if self.reset is not None:  # the reset's transpose: the anchor block's gradient onto M's
+                ia, Dk = self.reset
+                total[..., :Dk, :] += total[..., ia:, :]
+                total[..., ia:, :] = 0
+        spare = torch.empty_like(total)
         for run, h in zip(reversed(self.runs), reversed(hs)):
+            ny = h.shape[-2]
             for i in range(run.Dn.shape[2] - 1, -1, -1):
-                if total is None:
-                    total, spare = h[:, :, i].clone(), torch.empty_like(h[:, :, i])
-                    continue
-                if spare is None:
-                    spare = torch.empty_like(total)
-                total, spare = run.step_t(total, i, spare), total
-                total += h[:, :, i]
+                if not first:  # (the last chunk's T^T of nothing is skipped)
+                    total, spare = run.step_t(total, i, spare), total
+                total[..., :ny, :] += h[:, :, i]
+                first = False
         return total.transpose(-1, -2)
 
 
@@ -337,16 +349,23 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     nd = ia
     Dn = X.new_empty(B, H, N, nd, m)
     torch.mul(X.transpose(-1, -2), kend.unsqueeze(-2), out=Dn[..., :Dk, :]).neg_()
-    Y = X.new_empty(B, H, N, C, n)
+    every = all(opens)  # every chunk reads at M (a = M): Y's anchor columns are 0, not kept
+    Y = X.new_empty(B, H, N, C, ia if every else n)
     torch.mul(Ar, Qc, out=Y[..., :Dk])
     if mom:
         torch.mul(X.transpose(-1, -2), KZn.unsqueeze(-2), out=Dn[..., Dk:, :])
         mix[..., 0, 1] = -ex._ends(PL.squeeze(-1), last)
         mix[..., 1, 1] = ex._ends(Pe, last)
         torch.mul(PLr, Qc, out=Y[..., Dk:2 * Dk]).neg_()
-    Y[..., ia:] = scores.neg_() @ X
+    if every:
+        Y[..., :Dk] -= scores @ X
+    else:
+        Y[..., ia:] = scores.neg_() @ X
     b = (Dn @ V).neg_()
-    if any(opens):  # a chunk that opens a block takes a = M first: T J and Y J (`_reset`), i.e.
+    if every:  # a = M: the anchor block's part of the map moves onto M's
+        mix[..., 0] += mix[..., -1]
+        mix[..., -1] = 0
+    elif any(opens):  # a chunk that opens a block takes a = M first (T J and Y J, J: a = M), i.e.
         # the anchor block's columns move onto M's and become 0
         op = torch.tensor(opens, dtype=X.dtype, device=X.device)[:, None, None]  # [N, 1, 1]
         Y[..., :Dk] += op * Y[..., ia:]
@@ -354,17 +373,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         mix[..., 0] += op[:, :, 0] * mix[..., -1]
         mix[..., -1] *= 1 - op[:, :, 0]
     return _Run(mix=mix, diag=None, Dn=Dn, Wm=X, woff=[0 if o else ia for o in opens], b=b, Y=Y,
-                tokens=T)
-
-
-def _reset(nkeys: int, Dk: int, dtype, device) -> torch.Tensor:
-    """``J: [n, n]``, the map setting the anchor block to the memory (``a = M``)."""
-    n = nkeys * Dk
-    J = torch.eye(n, dtype=dtype, device=device)
-    ia = (nkeys - 1) * Dk
-    J[ia:, ia:] = 0
-    J[ia:, :Dk] = torch.eye(Dk, dtype=dtype, device=device)
-    return J
+                tokens=T, n=n)
 
 
 # -- the entry point -----------------------------------------------------------------------------------
@@ -424,5 +433,5 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         parts.append((rest, C, [(start + i * C) % A == 0 for i in range(chunks)]))
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
-    end = _reset(len(want), Dk, p.v.dtype, p.v.device) if (pos + T) % A == 0 and T else None
-    return SliceMap(runs, end)
+    reset = ((len(want) - 1) * Dk, Dk) if (pos + T) % A == 0 and T else None  # a = M after
+    return SliceMap(runs, reset)
