@@ -20,6 +20,16 @@ parallelism). Reported, median of ``--repeat`` steps after one warm-up, slowest 
   shares the cores as the ranks do and sees the same load at the same moments), the largest
   over the ranks; ``per rank``: every rank's. The least noisy figure on a shared machine: the
   separate baselines above run minutes apart;
+- ``cpu x1``: each rank's step **alone on a core**, the largest over the ranks; ``alone``: every
+  rank's. With more ranks than cores (R = 4 on a 2-core machine) the ranks' steps share cores,
+  and sharing a core slows a process's own CPU time too (the other process evicts its caches),
+  the more so the larger its working set: the figures above then measure the sharing as well.
+  So after its timed steps each rank records the messages of one context-parallel step (what
+  its collectives and receives return, real gloo), and then the ranks replay their step one
+  after another, each alone while the others wait: the same computation on the same data, the
+  messages handed back from the record instead of sent (their CPU time, gloo's own threads, is
+  not in ``cpu s`` either), timed against the plain step of its slice in the same process, in
+  turn, ``--repeat`` times;
 - ``proc s``: the same over every thread of the process (``time.process_time``): it adds
   gloo's own threads, which poll while a collective waits for a slower rank, so on shared cores
   it grows with the waiting, not with the rank's work;
@@ -71,12 +81,17 @@ def _rule(name: str):
 
 
 def _slice(rule, T: int, R: int, r: int):
+    """Rank r's slice of one sequence: unit q and k, step sizes 0.05 to 0.15 (an anchored rule's
+    a block's length times smaller, over 8: all of a block's gradients are taken at one memory,
+    and at the full size the memory grows without bound over a few thousand tokens), decays and
+    momenta 0.9 to 0.99."""
     g = torch.Generator().manual_seed(1)
     HEADS, D = SIZES["heads"], SIZES["dim"]
     q = torch.nn.functional.normalize(torch.randn(1, T, HEADS, D, generator=g), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(1, T, HEADS, D, generator=g), dim=-1)
     v = torch.randn(1, T, HEADS, D, generator=g)
-    gates = {n: 0.05 + 0.1 * torch.rand(1, T, HEADS, generator=g) if n == "theta"
+    step = 8 / rule.anchor if rule.anchor > 8 else 1.0
+    gates = {n: step * (0.05 + 0.1 * torch.rand(1, T, HEADS, generator=g)) if n == "theta"
              else 0.9 + 0.09 * torch.rand(1, T, HEADS, generator=g) for n in rule.gate_names}
 
     def part(x):
@@ -103,6 +118,88 @@ def _reset_peak() -> None:
         pass
 
 
+class _Messages:
+    """Record what a rank's context-parallel step receives (its all-gathers, the map plan's
+    exchanges and boundary memories, relay's states), then hand it back in the same order with
+    nothing sent (`replay`): the rank's step alone, on the data of the real one."""
+
+    def __init__(self):
+        self.log: list = []
+
+    def _patch(self, replay: bool):
+        from atlas_core.distributed import context as cx
+
+        saved = {name: getattr(cx, name) for name in ("_gather", "exchange", "Boundaries", "_recv_state",
+                                                       "_send_state")}
+        log, it = self.log, iter(self.log)
+
+        if replay:
+            def gather(t, call):
+                return [x.clone() for x in next(it)]
+
+            def exchange(call, sends, recvs):
+                for (_, buf), got in zip(recvs, next(it)):
+                    buf.copy_(got)
+
+            class Boundaries(saved["Boundaries"]):
+                def put(self, k, x):
+                    self.known[k] = x.detach().contiguous()
+
+                def get(self, k):
+                    if k not in self.known:
+                        self.known[k] = next(it).clone()
+                    return self.known[k]
+
+            def recv_state(like, call, frm):
+                return [x.clone() for x in next(it)]
+
+            new = {"_gather": gather, "exchange": exchange, "Boundaries": Boundaries,
+                   "_recv_state": recv_state, "_send_state": lambda tensors, call, to: None}
+        else:
+            def gather(t, call):
+                out = saved["_gather"](t, call)
+                log.append([x.clone() for x in out])
+                return out
+
+            def exchange(call, sends, recvs):
+                saved["exchange"](call, sends, recvs)
+                log.append([buf.clone() for _, buf in recvs])
+
+            class Boundaries(saved["Boundaries"]):
+                def get(self, k):
+                    known = k in self.known
+                    out = super().get(k)
+                    if not known:
+                        log.append(out.clone())
+                    return out
+
+            def recv_state(like, call, frm):
+                out = saved["_recv_state"](like, call, frm)
+                log.append([x.clone() for x in out])
+                return out
+
+            new = {"_gather": gather, "exchange": exchange, "Boundaries": Boundaries,
+                   "_recv_state": recv_state, "_send_state": saved["_send_state"]}
+        for name, f in new.items():
+            setattr(cx, name, f)
+        return lambda: [setattr(cx, name, f) for name, f in saved.items()]
+
+    def record(self, step) -> None:
+        self.log.clear()
+        undo = self._patch(replay=False)
+        try:
+            step()
+        finally:
+            undo()
+
+    def replay(self, step) -> None:
+        undo = self._patch(replay=True)
+        try:
+            step()
+        finally:
+            undo()
+
+
 def measure(payload, info) -> dict:
     """One rank: forward + backward of its slice, ``repeat`` times after a warm-up; the slowest
     rank's wall and CPU seconds (medians), its peak memory growth."""
@@ -117,8 +214,10 @@ def measure(payload, info) -> dict:
     q, k, v, gates = _slice(rule, T, R, r)
     strategy = rule.default_strategy
 
-    def once(cp: bool) -> tuple[float, float, float]:
-        if R > 1:
+    last = {}  # the outputs of the last step
+
+    def once(cp: bool, sync: bool = True) -> tuple[float, float, float]:
+        if R > 1 and sync:
             dist.barrier()  # start together: no rank's time includes another's warm-up
         t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         if cp:
@@ -127,12 +226,16 @@ def measure(payload, info) -> dict:
             y, _ = rule(q, k, v, gates=gates, strategy=strategy)
         y.square().sum().backward()
         c1, p1 = time.thread_time(), time.process_time()
-        if R > 1:
+        last["y"] = y.detach()
+        if R > 1 and sync:
             dist.barrier()
         return time.perf_counter() - t0, c1 - c0, p1 - p0
 
     cp = R > 1 and not plain
     once(cp)  # warm-up
+    if not torch.isfinite(last["y"]).all():  # a step on inf / NaN measures nothing
+        raise RuntimeError(f"{name}: rank {r}'s outputs are not finite at T = {T}; the inputs "
+                           "make the memory grow without bound")
     if cp:
         once(False)
     base = _status("VmRSS")
@@ -146,14 +249,41 @@ def measure(payload, info) -> dict:
            "proc": statistics.median(x[2] for x in runs), "peak_mib": _status("VmHWM") - base,
            "mode": mode_for(rule) if cp else "-"}
     out["ratio"] = out["cpu"] / statistics.median(alone) if cp else float("nan")
+    out["alone"] = _alone(once, last, R, r, repeat) if cp else float("nan")
     if R > 1:
         every = [None] * R
         dist.all_gather_object(every, out)
         return {"wall": max(e["wall"] for e in every), "cpu": max(e["cpu"] for e in every),
                 "proc": max(e["proc"] for e in every), "peak_mib": max(e["peak_mib"] for e in every),
                 "mode": out["mode"], "ratio": max(e["ratio"] for e in every),
-                "ratios": [e["ratio"] for e in every]}
+                "ratios": [e["ratio"] for e in every], "alone": max(e["alone"] for e in every),
+                "alones": [e["alone"] for e in every]}
     return out
+
+
+def _alone(once, last: dict, R: int, r: int, repeat: int) -> float:
+    """Rank r's context-parallel step over its plain step, each alone on a core: the step's
+    messages recorded from one real step, then replayed by one rank at a time (`_Messages`;
+    each replayed step's outputs must equal the recorded step's, bit for bit)."""
+    import torch.distributed as dist
+
+    msgs = _Messages()
+    msgs.record(lambda: once(True))
+    want = last["y"]
+    ratio = float("nan")
+    for turn in range(R):
+        dist.barrier()
+        if turn != r:
+            continue
+        cp, plain = [], []
+        for i in range(repeat + 1):  # the first of each: a warm-up
+            msgs.replay(lambda: cp.append(once(True, sync=False)[1]))
+            if not torch.equal(last["y"], want):
+                raise RuntimeError(f"rank {r}: the replayed step's outputs differ from the recorded step's")
+            plain.append(once(False, sync=False)[1])
+        ratio = statistics.median(cp[1:]) / statistics.median(plain[1:])
+    dist.barrier()
+    return ratio
 
 
 def measure_threads(payload, info) -> dict:
@@ -198,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}, heads {args.heads}, D {args.dim}, batch 1, float32; {load()}")
     print(f"{'rule':26s} {'T':>6s} {'R':>2s} {'mode':>6s} {'cpu s':>7s} {'1p cpu':>7s} "
           f"{'cpu x':>6s} {'Rp cpu':>7s} {'cpu xR':>6s} {'proc s':>7s} {'wall s':>7s} "
-          f"{'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} {'MiB/rank':>8s} {'cpu xT':>6s}  per rank")
+          f"{'1p wall':>7s} {'wall x':>6s} {'tok/s':>8s} {'MiB/rank':>8s} {'cpu xT':>6s} {'cpu x1':>6s}  per rank (xT)  alone (x1)")
     for name in args.rules:
         over: set[int] = set()
         for T in sorted(args.T):
@@ -215,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:26s} {T:6d} {R:2d} {m['mode']:>6s} {m['cpu']:7.3f} {one['cpu']:7.3f} "
                       f"{m['cpu'] / one['cpu']:6.2f} {alike['cpu']:7.3f} {m['cpu'] / alike['cpu']:6.2f} {m['proc']:7.3f} {m['wall']:7.3f} {one['wall']:7.3f} "
                       f"{m['wall'] / one['wall']:6.2f} {T / m['wall']:8.0f} {m['peak_mib']:8.0f} "
-                      f"{m.get('ratio', float('nan')):6.2f}  "
-                      + " ".join(f"{x:.2f}" for x in m.get("ratios", [])),
+                      f"{m.get('ratio', float('nan')):6.2f} {m.get('alone', float('nan')):6.2f}  "
+                      + " ".join(f"{x:.2f}" for x in m.get("ratios", [])) + "  "
+                      + " ".join(f"{x:.2f}" for x in m.get("alones", [])),
                       flush=True)
     print(f"# {load()}")
     return 0
