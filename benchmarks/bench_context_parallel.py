@@ -130,7 +130,7 @@ class _Messages:
         from atlas_core.distributed import context as cx
 
         saved = {name: getattr(cx, name) for name in ("_gather", "exchange", "Boundaries", "_recv_state",
-                                                       "_send_state")}
+                                                       "_send_state") if hasattr(cx, name)}
         log, it = self.log, iter(self.log)
 
         if replay:
@@ -141,7 +141,7 @@ class _Messages:
                 for (_, buf), got in zip(recvs, next(it)):
                     buf.copy_(got)
 
-            class Boundaries(saved["Boundaries"]):
+            class Boundaries(saved.get("Boundaries", object)):
                 def put(self, k, x):
                     self.known[k] = x.detach().contiguous()
 
@@ -162,10 +162,10 @@ class _Messages:
                 return out
 
             def exchange(call, sends, recvs):
-                saved["exchange"](call, sends, recvs)
+                saved["exchange"](call, sends, recvs)  # (a release without it: never called)
                 log.append([buf.clone() for _, buf in recvs])
 
-            class Boundaries(saved["Boundaries"]):
+            class Boundaries(saved.get("Boundaries", object)):
                 def get(self, k):
                     known = k in self.known
                     out = super().get(k)
@@ -181,7 +181,8 @@ class _Messages:
             new = {"_gather": gather, "exchange": exchange, "Boundaries": Boundaries,
                    "_recv_state": recv_state, "_send_state": saved["_send_state"]}
         for name, f in new.items():
-            setattr(cx, name, f)
+            if name in saved:  # (what this release has)
+                setattr(cx, name, f)
         return lambda: [setattr(cx, name, f) for name, f in saved.items()]
 
     def record(self, step) -> None:

@@ -88,6 +88,7 @@ from .. import input_checks
 from ..forms.exact_chunk import ExactPieces, exact_pieces
 from ..strategies.exact_chunk import ExactChunk
 from .map_plan import Boundaries, Chain, exchange, map_plan
+from . import state_map
 from .state_map import SliceMap, analytic_form, chunk_maps, flush_subnormals, positions, slice_map
 
 ANCHOR_POS = "anchor.pos"
@@ -406,7 +407,8 @@ class _Affine(torch.autograd.Function):
             if pc.slice == r and pieces is not None:  # from the chunk pieces of this rank's run
                 a, b = (x * call.rule.steps_per_token for x in (pc.start, pc.end))  # positions
                 with torch.no_grad(), flush_subnormals():
-                    maps[i] = SliceMap([chunk_maps(pieces, a // chunk, -(-b // chunk), b - a)])
+                    maps[i] = SliceMap([chunk_maps(pieces, a // chunk, -(-b // chunk), b - a)],
+                                       tree=n < state_map.TREE_BELOW)
             else:
                 maps[i] = _piece_map(call, *inputs[i], rows0)
         bounds = Boundaries(call, chain, False, rows0)

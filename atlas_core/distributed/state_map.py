@@ -140,6 +140,26 @@ class _Run:
     def width(self) -> int:
         return self.n or self.Y.shape[-1]
 
+    def dense(self) -> torch.Tensor:
+        """Every chunk's ``T [B, H, N, n, n]``."""
+        n, (nd, w) = self.width, (self.Dn.shape[-2], self.Wm.shape[-1])
+        if nd == w == n:
+            T = self.Dn @ self.Wm
+        else:
+            T = self.Dn.new_zeros(*self.Dn.shape[:3], n, n)
+            for off in sorted(set(self.woff)):
+                idx = [i for i, o in enumerate(self.woff) if o == off]
+                T[:, :, idx, :nd, off:off + w] = self.Dn[:, :, idx] @ self.Wm[:, :, idx]
+        K = self.mix.shape[-1]
+        d = n // K
+        for i in range(K):  # + Diag(diag) (mix (x) I), in place on the blocks' diagonals
+            for j in range(K):
+                add = self.mix[..., i, j, None]
+                if self.diag is not None:
+                    add = add * self.diag[..., i * d:(i + 1) * d]
+                T[..., i * d:(i + 1) * d, j * d:(j + 1) * d].diagonal(dim1=-2, dim2=-1).add_(add)
+        return T
+
     def step(self, x: torch.Tensor, i: int, out: torch.Tensor) -> torch.Tensor:
         """``T_i x`` for ``x [B, H, n, m]``, written into ``out`` (x's shape and layout, not x):
         the (mix (x) I) part in one batched product over the K blocks, then ``Dn (Wm x)`` added
@@ -172,14 +192,33 @@ def _minus_mm(a: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor) -> torch.Tens
     return torch.baddbmm(flat(a), flat(m1), flat(m2), alpha=-1).view(a.shape)
 
 
+#: below this state width n = K Dk a piece's chunk maps are composed in a tree (`SliceMap`)
+TREE_BELOW = 64
+
+
 class SliceMap:
     """A piece's chunk maps (`_Run`, consecutive) and the anchor reset after its last token
     (``reset = (ia, Dk)`` when it ends on a block boundary: the anchor block, rows ``ia`` on of
     ``St``, takes M's, the first Dk): `apply` carries a memory through them, `read_grad` a
-    gradient back."""
+    gradient back. With ``tree`` (small n: ``n < TREE_BELOW``, `slice_map`'s choice) the maps
+    are formed and composed pairwise first (log2 N batched products, ``N n^3`` multiply-adds,
+    the levels kept for `read_grad`), so carrying a memory is one product, not N small steps;
+    else chunk after chunk (``2 r n Dv`` a chunk, no n x n matrix)."""
 
-    def __init__(self, runs: list[_Run], reset: tuple[int, int] | None = None):
-        self.runs, self.reset = runs, reset
+    def __init__(self, runs: list[_Run], reset: tuple[int, int] | None = None, tree: bool = False):
+        self.runs, self.reset, self.tree = runs, reset, tree
+        if tree:
+            n = runs[0].width
+            self.levels, P, c = [], None, None  # per run: the T of every level of its tree
+            for run in runs:
+                T, b = run.dense(), F.pad(run.b, (0, 0, 0, n - run.b.shape[-2]))
+                lv = [T]
+                while T.shape[2] > 1:
+                    T, b = _pairs(T, b)
+                    lv.append(T)
+                self.levels.append(lv)
+                P, c = (T[:, :, 0], b[:, :, 0]) if P is None else (T[:, :, 0] @ P, T[:, :, 0] @ c + b[:, :, 0])
+            self.P, self.c = P, c  # St_out = P St_in + c, before the reset
 
     @torch.no_grad()
     @flush_subnormals()
@@ -188,8 +227,10 @@ class SliceMap:
         n]``), chunk after chunk: ``St' = T_c St + b_c`` (``Dv`` columns, not the ``n + Dv`` of
         composing)."""
         x = rows.transpose(-1, -2).contiguous()
+        if self.tree:
+            x = torch.baddbmm(self.c.flatten(0, 1), self.P.flatten(0, 1), x.flatten(0, 1)).view(x.shape)
         spare = torch.empty_like(x)
-        for run in self.runs:
+        for run in self.runs if not self.tree else []:
             for i in range(run.Dn.shape[2]):
                 x, spare = run.step(x, i, spare), x
                 x[..., :run.b.shape[-2], :] += run.b[:, :, i]
@@ -211,6 +252,8 @@ class SliceMap:
             g = F.pad(gy[:, :, lo:lo + run.tokens], (0, 0, 0, N * C - run.tokens)).unflatten(2, (N, C))
             lo += run.tokens
             hs.append(run.Y.transpose(-1, -2) @ g)  # [B, H, N, ny, Dv]
+        if self.tree:
+            return self._read_tree(hs, after)
         r0 = self.runs[0]
         first = after is None  # back through the chunks: h_i = Y_i^T g_i + T_i^T h_{i+1}
         if first:
@@ -230,6 +273,46 @@ class SliceMap:
                 total[..., :ny, :] += h[:, :, i]
                 first = False
         return total.transpose(-1, -2)
+
+    def _read_tree(self, hs, after):
+        """`read_grad` over the tree: ``h_pair = h_left + T_left^T h_right`` level by level, the
+        runs joined in order, then ``P^T`` of the gradient after."""
+        n = self.runs[0].width
+        total, before = None, None  # before: the product of the earlier runs' maps
+        for h, lv in zip(hs, self.levels):
+            h = F.pad(h, (0, 0, 0, n - h.shape[-2]))
+            for T in lv[:-1]:
+                h = _pairs_back(T, h)
+            h = h[:, :, 0]
+            total = h if before is None else total + before.transpose(-1, -2) @ h
+            T = lv[-1][:, :, 0]
+            before = T if before is None else T @ before
+        if after is not None:
+            a = after.transpose(-1, -2).contiguous()
+            if self.reset is not None:  # the reset's transpose: the anchor block's gradient onto M's
+                ia, Dk = self.reset
+                a[..., :Dk, :] += a[..., ia:, :]
+                a[..., ia:, :] = 0
+            total = torch.baddbmm(total.flatten(0, 1), self.P.transpose(-1, -2).flatten(0, 1),
+                                  a.flatten(0, 1)).view(total.shape)
+        return total.transpose(-1, -2)
+
+
+def _pairs(T: torch.Tensor, b: torch.Tensor):
+    """Compose neighbours (2i, 2i + 1) of a chunk sequence; an odd last one passes through."""
+    N = T.shape[2]
+    if N % 2:
+        T = torch.cat([T, torch.eye(T.shape[-1], dtype=T.dtype, device=T.device).expand_as(T[:, :, :1])], 2)
+        b = torch.cat([b, torch.zeros_like(b[:, :, :1])], dim=2)
+    T0, T1 = T[:, :, 0::2], T[:, :, 1::2]
+    return T1 @ T0, T1 @ b[:, :, 0::2] + b[:, :, 1::2]
+
+
+def _pairs_back(T: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The reverse pass of `_pairs`: ``h_pair = h_left + T_left^T h_right``."""
+    if h.shape[2] % 2:
+        h = torch.cat([h, torch.zeros_like(h[:, :, :1])], dim=2)
+    return h[:, :, 0::2] + T[:, :, 0::2].transpose(-1, -2) @ h[:, :, 1::2]
 
 
 def positions(rule, gy: torch.Tensor) -> torch.Tensor:
@@ -408,7 +491,7 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
         else:
             c = rule.form.window
             run = _exact_run(rule, p, chunk_size or (base if c == 1 else max(4, 2 * base // c)))
-        return SliceMap([run])
+        return SliceMap([run], tree=n < TREE_BELOW)
     A = rule.form.anchor
     C = chunk_size or max(d for d in range(1, min(A, base) + 1) if A % d == 0)
     if A % C:
@@ -434,4 +517,4 @@ def slice_map(rule, p, memory_keys: list[str], chunk_size: int | None = None) ->
     for part, size, opens in parts:
         runs.append(_anchored_run(rule, part, size, opens, len(want)))
     reset = ((len(want) - 1) * Dk, Dk) if (pos + T) % A == 0 and T else None  # a = M after
-    return SliceMap(runs, reset)
+    return SliceMap(runs, reset, tree=n < TREE_BELOW)

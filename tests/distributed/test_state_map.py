@@ -89,6 +89,14 @@ def test_form_covers_the_family(name):
     assert analytic_form(_rule(name)) == FAMILIES[name][1]
 
 
+@pytest.fixture(params=["tree", "chunks"], autouse=True)
+def composition(request, monkeypatch):
+    """Both ways of carrying through a piece's chunk maps, for every form: composed in a tree
+    first, or chunk by chunk (at the sizes here the default is the tree)."""
+    monkeypatch.setattr(state_map, "TREE_BELOW", 10 ** 9 if request.param == "tree" else 0)
+    return request.param
+
+
 def _read_back(sm, like):
     """``(P, C)`` of a piece from its chunk maps: C from the memory 0, P's columns from basis
     memories (as `context._probe` measures them with the rule)."""
@@ -105,14 +113,16 @@ def _read_back(sm, like):
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_map_equals_the_probed_map(name):
+def test_map_equals_the_probed_map(name, composition):
     rule = _rule(name)
     for T, pos in ((13, 0), (30, 1), (5, 3), (16, 0), (21, 6)):
         x = _inputs(rule, T, pos)
         P, C = _probed(rule, *x)
         like = cx._rows(x[-1], _split(x[-1])[0])
         for chunk in _chunks(rule):
-            got_P, got_C = _read_back(_analytic(rule, *x, chunk), like)
+            sm = _analytic(rule, *x, chunk)
+            assert sm.tree == (composition == "tree")
+            got_P, got_C = _read_back(sm, like)
             _close(got_P, P, f"{name} P, T = {T}, pos = {pos}, chunk = {chunk}")
             _close(got_C, C, f"{name} C, T = {T}, pos = {pos}, chunk = {chunk}")
 
