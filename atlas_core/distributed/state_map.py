@@ -166,7 +166,10 @@ class _Run:
         in place."""
         B, H, n, m = x.shape
         K = self.mix.shape[-1]
-        torch.bmm(self.mix[:, :, i].reshape(B * H, K, K), x.view(B * H, K, -1), out=out.view(B * H, K, -1))
+        if K == 1:  # a scalar a head
+            torch.mul(x, self.mix[:, :, i], out=out)
+        else:
+            torch.bmm(self.mix[:, :, i].reshape(B * H, K, K), x.view(B * H, K, -1), out=out.view(B * H, K, -1))
         if self.diag is not None:
             out.mul_(self.diag[:, :, i].unsqueeze(-1))
         nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
@@ -179,7 +182,10 @@ class _Run:
         B, H, n, m = h.shape
         K = self.mix.shape[-1]
         d = h if self.diag is None else self.diag[:, :, i].unsqueeze(-1) * h
-        torch.bmm(self.mix[:, :, i].mT.reshape(B * H, K, K), d.view(B * H, K, -1), out=out.view(B * H, K, -1))
+        if K == 1:
+            torch.mul(d, self.mix[:, :, i], out=out)
+        else:
+            torch.bmm(self.mix[:, :, i].mT.reshape(B * H, K, K), d.view(B * H, K, -1), out=out.view(B * H, K, -1))
         nd, off, w = self.Dn.shape[-2], self.woff[i], self.Wm.shape[-1]
         t = torch.bmm(self.Dn[:, :, i].mT.flatten(0, 1), h[..., :nd, :].flatten(0, 1))
         out[..., off:off + w, :].flatten(0, 1).baddbmm_(self.Wm[:, :, i].mT.flatten(0, 1), t)
