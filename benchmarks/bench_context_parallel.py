@@ -127,10 +127,16 @@ class _Messages:
         self.log: list = []
 
     def _patch(self, replay: bool):
+        import importlib
+
         from atlas_core.distributed import context as cx
 
-        saved = {name: getattr(cx, name) for name in ("_gather", "exchange", "Boundaries", "_recv_state",
-                                                       "_send_state") if hasattr(cx, name)}
+        try:  # the relay mode's module (in context itself in earlier releases)
+            relay = importlib.import_module("atlas_core.distributed.relay")
+        except ImportError:
+            relay = cx
+        owner = {"_gather": cx, "exchange": cx, "Boundaries": cx, "_recv_state": relay, "_send_state": relay}
+        saved = {name: getattr(mod, name) for name, mod in owner.items() if hasattr(mod, name)}
         log, it = self.log, iter(self.log)
 
         if replay:
@@ -182,8 +188,8 @@ class _Messages:
                    "_recv_state": recv_state, "_send_state": saved["_send_state"]}
         for name, f in new.items():
             if name in saved:  # (what this release has)
-                setattr(cx, name, f)
-        return lambda: [setattr(cx, name, f) for name, f in saved.items()]
+                setattr(owner[name], name, f)
+        return lambda: [setattr(owner[name], name, f) for name, f in saved.items()]
 
     def record(self, step) -> None:
         self.log.clear()

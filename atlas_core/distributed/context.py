@@ -68,7 +68,8 @@ so the forward's chain takes the pieces' carries one after another (R - 2 slices
 probing, a middle rank's slice runs m + 2 times forward and twice backward (with Dv = Dphi,
 m = K). Memory: the pieces' chunk maps (``T_r K Dphi`` numbers and the pieces, per rank).
 
-``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias):
+``relay`` (any other rule: a deep memory such as ``titans:titans_deep``, Muon, a non-l2 bias;
+`atlas_core.distributed.relay`):
 rank r waits for rank r - 1's final state (point-to-point send/recv), runs its slice and sends its
 final state on; the backward relays the state gradient from the last rank back. Exact for every
 rule; the ranks run one after another (R slices in sequence: no speed-up, only the memory of one
@@ -557,60 +558,6 @@ def _piece_grads(call: _Call, plan, gy: torch.Tensor) -> dict:
     return out
 
 
-# -- the relay mode ----------------------------------------------------------------------------------
-def _send_state(tensors: list[torch.Tensor], call: _Call, to: int) -> None:
-    for t in tensors:
-        dist.send(t.contiguous(), call.ranks[to], group=call.group)
-
-
-def _recv_state(like: list[torch.Tensor], call: _Call, frm: int) -> list[torch.Tensor]:
-    out = []
-    for t in like:
-        buf = torch.empty_like(t)
-        dist.recv(buf, call.ranks[frm], group=call.group)
-        out.append(buf)
-    return out
-
-
-class _Relay(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, call: _Call, *tensors):
-        s0, q, k, v, gates, params = call.unpack(tensors)
-        keys = call.state_keys
-        init = [s0[key].detach() for key in keys]
-        if call.rank > 0:
-            init = _recv_state(init, call, call.rank - 1)
-        with torch.enable_grad():
-            s_in = [_leaf(x) for x in init]
-            xs = [_leaf(x) for x in (q, k, v)]
-            gs = {g: _leaf(x) for g, x in gates.items()}
-            y, out = call.run(*xs, gs, dict(zip(keys, s_in)))
-        outs = [out[key] for key in keys]
-        if call.rank + 1 < call.world:
-            _send_state([o.detach() for o in outs], call, call.rank + 1)
-        ctx.call, ctx.graph, ctx.leaves = call, (y, outs), (s_in, xs, gs, params)
-        return (y.detach(), *[o.detach() for o in outs])
-
-    @staticmethod
-    def backward(ctx, gy, *gstate):
-        call = ctx.call
-        y, outs = ctx.graph
-        s_in, xs, gs, params = ctx.leaves
-        g_out = list(gstate)
-        if call.rank + 1 < call.world:  # the gradient of the next slice's initial state
-            later = _recv_state([o.detach() for o in outs], call, call.rank + 1)
-            g_out = [_add(g, x) for g, x in zip(g_out, later)]
-        x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
-        got = _grads([y, *outs], [*s_in, *x_leaves], [gy, *g_out], retain=False)
-        g_in, g_x = got[:len(s_in)], got[len(s_in):]
-        if call.rank > 0:
-            _send_state([g if g is not None else torch.zeros_like(s) for g, s in zip(g_in, s_in)],
-                        call, call.rank - 1)
-            g_in = [None] * len(s_in)
-        ctx.graph = ctx.leaves = None
-        return (None, *g_in, *g_x)
-
-
 # -- the entry point ---------------------------------------------------------------------------------
 def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      gates: Mapping[str, torch.Tensor] | None = None, state=None, *, group=None,
@@ -644,5 +591,7 @@ def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         call.memory_keys = [key for key in state_keys if key not in CARRIED]
         out = _Affine.apply(call, *tensors)
     else:
-        out = _Relay.apply(call, *tensors)
+        from .relay import Relay  # (the relay mode's own module)
+
+        out = Relay.apply(call, *tensors)
     return out[0], dict(zip(state_keys, out[1:]))
