@@ -27,8 +27,9 @@ bias, alone or inside a window bias, ``core:gd`` or ``core:momentum``, ``core:no
    Where the rule has a chunk form (`state_map.analytic_form`: the per-token delta family by the
    UT / WY transform, per-key decay (KDA) by its per-key form, anchored rules by the anchored
    chunk form; Gated DeltaNet, Titans, Omega windows, scalar decays), the map is kept as its
-   chunks' maps (`state_map.slice_map`), never composed into ``P``: a memory is carried through
-   them (`SliceMap.apply`, Dv columns) and a gradient back (`SliceMap.read_grad`). Otherwise
+   chunks' maps (`state_map.slice_map`), not composed into ``P`` (except in a tree for a small
+   state, n < 64): a memory is carried through them (`SliceMap.apply`, Dv columns) and a
+   gradient back (`SliceMap.read_grad`). Otherwise
    (momentum with a per-key decay) ``(P, C)`` are measured with the rule itself, exactly: one
    run from S = 0 gives C, and ``m = ceil(K Dphi / Dv)`` runs from basis rows (row i of probe p
    holds basis vector ``p Dv + i``) give the columns of P, one after another, without a graph

@@ -42,7 +42,9 @@ Dk columns). `SliceMap.apply` carries a memory (``Dv`` columns) through them chu
 ``h = Y_i^T gy_i + T_i^T h`` chunk by chunk from a gradient at the memory after the piece (or
 0), about 1.5 times that: the gradient of the piece's outputs and of its final memory with
 respect to its initial memory, without a backward pass through the piece. The slice's map
-itself, ``P`` (n x n), is never formed: composing it would cost ``2 C n (n + Dv)`` a chunk.
+itself, ``P`` (n x n), is formed only for a small state (``n < TREE_BELOW``, composed in a tree,
+where N small steps would cost more in their overhead than in their arithmetic): composing it
+chunk by chunk would cost ``2 C n (n + Dv)`` a chunk.
 Both run with subnormal floats flushed to 0 (`flush_subnormals`).
 
 Under ``core:exact_chunk`` a context-parallel rank forms the exact form's pieces once, with a
