@@ -86,4 +86,8 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
         close = [c for c in pool if c.split(":", 1)[-1] in close][:3]
     if not close:
         return None
+    if len(close) > 1:  # only the near-best: 'd_modle' suggests 'd_model', not also 'moe'
+        ratio = {c: difflib.SequenceMatcher(None, name, c).ratio() for c in close}
+        best = max(ratio.values())
+        close = [c for c in close if ratio[c] >= best - 0.15]
     return "did you mean " + " or ".join(repr(c) for c in close) + "?"

@@ -5,8 +5,17 @@ Block (pre-norm)::
     x = x + MemoryLayer(RMSNorm(x))        # blocks listed in memory_layers (default: all)
     x = x + MLP(RMSNorm(x))
 
-A block that carries no memory is an MLP block. Embedding -> blocks -> RMSNorm -> head (tied to the
-embedding unless ``tie_embeddings = false``). This is Titans' LMM (Titans Sec 4, "LMM"), and the
+A block that carries no memory is an MLP block. ``[model] layers`` names each block's kind instead
+(a list of ``depth`` entries, or a pattern repeated to ``depth``): ``"memory"``, ``"mlp"`` or
+``"attention"``, a softmax-attention block (`atlas_core.attention`, ``[model.attention]``)::
+
+    x = x + Attention(RMSNorm(x)); x = x + MLP(RMSNorm(x))        # block_norm = "pre"
+    x = x + RMSNorm(Attention(x)); x = x + RMSNorm(MLP(x))        # block_norm = "post" (OLMo)
+
+so hybrids (Qwen3.5, Qwen3-Next, OLMo Hybrid, fla's ``attn`` layers: memory layers with softmax
+attention every few blocks) are ``core:lm`` models. ``[model.moe]`` routes the MLP of its blocks
+over experts (`atlas_core.moe`). Embedding -> blocks -> RMSNorm -> head (tied to the embedding
+unless ``tie_embeddings = false``). This is Titans' LMM (Titans Sec 4, "LMM"), and the
 model every memory rule (Omega, Atlas, MIRAS, the delta-rule family) is trained in; ``titans:lmm``
 is another name for it. Architecture plugins (Titans' MAG, MAL, MAC) reuse:
 
@@ -20,7 +29,7 @@ is another name for it. Architecture plugins (Titans' MAG, MAL, MAC) reuse:
 
 Shapes: ``ids: [B, T]``, hidden ``x: [B, T, d_model]``, ``logits: [B, T, vocab_size]``. Decoding
 carries each memory layer's state (O(1) work per generated token: a one-token call runs the rule's
-sequential step).
+sequential step) and each attention block's key/value cache.
 """
 
 from __future__ import annotations
@@ -28,13 +37,15 @@ from __future__ import annotations
 from typing import Any, Callable, Literal
 
 import torch
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from .params import size_field
 from torch import nn
 
+from .attention import AttentionParams
 from .errors import Issue, SpecError
 from .host.registry import Params
 from .model import MemoryLM
+from .moe import MoEParams
 
 
 class LMParams(Params):
@@ -72,6 +83,60 @@ class LMParams(Params):
     def carries_memory(self, block: int) -> bool:
         """Whether block ``block`` (0-based index) carries memory."""
         return self.memory_layers is None or (block + 1) in self.memory_layers
+
+
+BlockKind = Literal["memory", "attention", "mlp"]
+
+
+class CoreLMParams(LMParams):
+    """``core:lm``'s ``[model]``: `LMParams` plus block kinds, attention and routed experts."""
+
+    layers: list[BlockKind] | None = Field(
+        None, description="each block's kind, 'memory', 'attention' or 'mlp': depth entries, or a pattern "
+        "repeated to depth (e.g. ['memory', 'memory', 'memory', 'attention']); absent = memory_layers")
+    attention: AttentionParams | None = Field(None, description="the attention blocks (model.layers)")
+    moe: MoEParams | None = Field(None, description="routed experts in place of the MLP of its blocks")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand(cls, data: Any) -> Any:
+        """A pattern of layers repeated to depth; attention's defaults when a block is one."""
+        if not isinstance(data, dict) or not isinstance(data.get("layers"), (list, tuple)):
+            return data
+        data, layers = dict(data), list(data["layers"])
+        depth = data.get("depth", cls.model_fields["depth"].default)
+        if layers and isinstance(depth, int) and 0 < len(layers) < depth and depth % len(layers) == 0:
+            data["layers"] = layers * (depth // len(layers))
+        if "attention" in layers and data.get("attention") is None:
+            data["attention"] = {}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "CoreLMParams":
+        if self.layers is not None:
+            if len(self.layers) != self.depth:
+                raise ValueError(f"layers has {len(self.layers)} entries for depth={self.depth}: list one "
+                                 "kind per block, or a pattern whose length divides depth")
+            if self.memory_layers is not None:
+                raise ValueError("set layers or memory_layers, not both (layers names every block's kind)")
+        if self.attention is not None and "attention" not in (self.layers or ()):
+            raise ValueError("attention is set and no block is an attention block: name them in layers "
+                             "(e.g. layers = ['memory', 'memory', 'memory', 'attention'])")
+        blocks = self.moe.blocks if self.moe is not None else None
+        bad = [b for b in blocks or () if not 1 <= b <= self.depth]
+        if bad:
+            raise ValueError(f"moe.blocks {bad} are outside 1..depth={self.depth} (1-based)")
+        return self
+
+    def kinds(self) -> list[str]:
+        """Every block's kind, in order."""
+        if self.layers is not None:
+            return list(self.layers)
+        return ["memory" if self.carries_memory(i) else "mlp" for i in range(self.depth)]
+
+    def routed(self, block: int) -> bool:
+        """Whether block ``block`` (0-based) has routed experts in place of its MLP."""
+        return self.moe is not None and (self.moe.blocks is None or block + 1 in self.moe.blocks)
 
 
 class FeedForward(nn.Module):
@@ -249,13 +314,48 @@ class MemoryBlock(nn.Module):
         return x + self.mlp(self.norm_mlp(x)), state
 
 
+class AttentionBlock(nn.Module):
+    """``x + Attention(RMSNorm(x))`` then ``x + MLP(RMSNorm(x))`` (``post``: ``x + RMSNorm(Attention(x))``
+    then ``x + RMSNorm(MLP(x))``), the attention `atlas_core.attention.SoftmaxAttention`; with
+    ``persistent`` > 0 learned tokens prefix every attention (Titans' hybrids). ``forward(x, state,
+    keep_state) -> (x, state)``, the state the attention's key/value cache."""
+
+    def __init__(self, d_model: int, attn: nn.Module, eps: float, mlp: nn.Module, *, post: bool = False,
+                 persistent: int | None = None) -> None:
+        super().__init__()
+        if persistent is not None:
+            self.persistent = nn.Parameter(0.02 * torch.randn(persistent, d_model))
+        self.norm_attn = nn.RMSNorm(d_model, eps=eps)
+        self.attn = attn
+        self.norm_mlp = nn.RMSNorm(d_model, eps=eps)
+        self.mlp = mlp
+        self.post = post
+
+    def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
+        prefix = getattr(self, "persistent", None)
+        h = x if self.post else self.norm_attn(x)
+        if cu_seqlens is not None:  # packed documents, each from the start (no state)
+            from .varlen import check_cu_seqlens
+
+            y = self.attn.packed(h, check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0]), prefix)
+            state = None
+        else:
+            y, state = self.attn(h, state, prefix=prefix, keep_state=keep_state)
+        if self.post:
+            x = x + self.norm_attn(y)
+            return x + self.norm_mlp(self.mlp(x)), state
+        x = x + y
+        return x + self.mlp(self.norm_mlp(x)), state
+
+
 class LanguageModel(MemoryLM):
     """Embedding, blocks (each ``forward(x, state, keep_state) -> (x, state)``), final norm, head.
 
     ``step(ids, state)`` continues from the carried state ``{"blocks": [...]}`` (None at the start).
     Every block takes ``cu_seqlens`` (packed documents in one pass); a subclass whose blocks do not
     sets `packs_in_one_pass` False, one whose blocks mix tokens otherwise than through their
-    memory layers (attention) sets `context_parallel` False."""
+    memory layers (attention) sets `context_parallel` False (a model with attention blocks sets it
+    on itself)."""
 
     packs_in_one_pass = True
     context_parallel = True
@@ -267,6 +367,8 @@ class LanguageModel(MemoryLM):
         self.embed = nn.Embedding(params.vocab_size, params.d_model)
         nn.init.normal_(self.embed.weight, std=0.02)
         self.blocks = nn.ModuleList(blocks)
+        if any(isinstance(b, AttentionBlock) for b in blocks):  # attention mixes tokens across time
+            self.context_parallel = False
         self.norm = nn.RMSNorm(params.d_model, eps=params.norm_eps)
         self.head = nn.Linear(params.d_model, params.vocab_size, bias=False)
         if getattr(params, "init_std", None) is not None:
@@ -317,12 +419,39 @@ def spec_of(ctx) -> Any:
     return spec
 
 
+def block_mlp(p: "LMParams", block: int) -> nn.Module:
+    """Block ``block``'s (0-based) MLP: routed experts where ``[model.moe]`` lists it, else `make_mlp`."""
+    if isinstance(p, CoreLMParams) and p.routed(block):
+        from .moe import SparseMoE
+
+        return SparseMoE(p.d_model, p.moe)
+    return make_mlp(p)
+
+
+def attention_block(p: CoreLMParams, mlp: nn.Module) -> AttentionBlock:
+    """An attention block of ``core:lm`` from ``[model.attention]`` (a `SpecError` for sizes it refuses)."""
+    from .attention import attention_from_params
+
+    try:
+        attn = attention_from_params(p.attention, p.d_model, p.heads, p.norm_eps)
+    except ValueError as exc:
+        raise SpecError([Issue("model.attention", str(exc))]) from None
+    return AttentionBlock(p.d_model, attn, p.norm_eps, mlp, post=p.attention.block_norm == "post")
+
+
 def build(params: LMParams, ctx) -> LanguageModel:
     """The ``core:lm`` factory (also registered as ``titans:lmm``)."""
     p = params
     arch = ctx.options.get("arch", "core:lm") if ctx is not None else "core:lm"
-
-    def block(mem):
-        return MemoryBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem, make_mlp(p))
-
-    return LanguageModel(p, build_blocks(p, ctx, block, lambda: block(None), arch=arch))
+    kinds = p.kinds() if isinstance(p, CoreLMParams) else [
+        "memory" if p.carries_memory(i) else "mlp" for i in range(p.depth)]
+    recipe = MemoryRecipe(spec_of(ctx), ctx.registry) if "memory" in kinds else None
+    blocks: list[nn.Module] = []
+    for i, kind in enumerate(kinds):
+        if kind == "attention":
+            blocks.append(attention_block(p, block_mlp(p, i)))
+            continue
+        mem = (build_memory_layer(recipe, p.d_model, p.heads, arch=arch, registry=ctx.registry)
+               if kind == "memory" else None)
+        blocks.append(MemoryBlock(p.d_model, p.mlp_ratio, p.norm_eps, mem, block_mlp(p, i)))
+    return LanguageModel(p, blocks)

@@ -29,7 +29,7 @@ def atlas_register(registry):
         reductions=[{"name": "eta0_is_gd", "gates": {"eta": 0.0},
                      "equals": {"algorithm": "core:gd"}}])
     add("feature_map", "identity", f"{_C}.identity:build", summary="phi(x) = x")
-    add("arch", "lm", "atlas_core.lm:build", params="atlas_core.lm:LMParams",
+    add("arch", "lm", "atlas_core.lm:build", params="atlas_core.lm:CoreLMParams",
         summary="memory language model: embedding, blocks of memory layer + MLP, head")
     add("strategy", "sequential", "atlas_core.strategies.sequential:build",
         summary="the reference: the rule's token-by-token loop", priority=0)

@@ -39,13 +39,19 @@ def _rotary_refused() -> SpecError:
 
 def check_model(spec: Any, ranks: int, seq_len: int) -> None:
     """Refuse a model or sequence length context parallelism cannot split (one clear error). The
-    model is built on the meta device (no memory) to read its class's `context_parallel`."""
+    model is built on the meta device (no memory) to read its `context_parallel`."""
     from ..model import build_model
 
     with torch.device("meta"):
         model = build_model(spec)
-    if not type(model).context_parallel:
+    if not model.context_parallel:
         arch = spec.model.get("arch")
+        layers = spec.model.get("layers")
+        if layers and "attention" in layers:
+            raise SpecError([Issue(
+                "model.layers", "--context-parallel splits sequences across memory layers only, and "
+                "this model's softmax-attention blocks mix tokens across the whole sequence", layers,
+                "train this hybrid without --context-parallel")])
         raise SpecError([Issue(
             "model.arch", f"--context-parallel splits sequences across memory layers only "
             f"(core:lm, titans:lmm); {arch} also mixes tokens across time in other layers", arch,

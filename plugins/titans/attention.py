@@ -10,8 +10,8 @@ persistent-memory prefix and a sliding window.
   token t at ``N_p + t``. With a carried cache it continues a sequence: the cache holds the
   prefix's keys/values and the last ``window - 1`` token keys/values — never more, so decoding
   costs the same at every position.
-- `AttentionBlock`: a pre-norm block ``x + SWA(norm(x)) ; x + MLP(norm(x))`` with its own
-  persistent tokens: what a hybrid's blocks without memory are.
+- `attention_block`: the core's pre-norm block (`atlas_core.lm.AttentionBlock`) ``x + SWA(norm(x)) ;
+  x + MLP(norm(x))`` with its own persistent tokens: what a hybrid's blocks without memory are.
 - Packed documents (``cu_seqlens``, `atlas_core.varlen`): `SlidingWindowAttention.packed` lets a
   token see its own document's prefix and the last ``window`` tokens of its own document, at the
   positions a call on that document alone gives them (queries in blocks, each over the keys of
@@ -24,11 +24,11 @@ Shapes: inputs ``x: [B, n, d_model]`` (the new tokens), ``prefix: [N_p, d_model]
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from atlas_core.attention import SoftmaxAttention, band_mask, rope  # noqa: F401 - band_mask: MAC's
+from atlas_core.lm import AttentionBlock
 
-from .common import FeedForward, make_mlp
+from .common import make_mlp
 
 
 def rotary(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
@@ -66,32 +66,9 @@ def with_prefix(h: torch.Tensor, prefix: torch.Tensor, cu: list[int]):
     return ext, cu_ext, tokens, prefixes
 
 
-class AttentionBlock(nn.Module):
-    """``x + SWA([p] || norm(x))``, then ``x + MLP(norm(x))``: a hybrid block without memory."""
-
-    def __init__(self, d_model: int, heads: int, window: int, persistent: int, rotary_base: float,
-                 mlp_ratio: float, eps: float, mlp: nn.Module | None = None) -> None:
-        super().__init__()
-        self.persistent = nn.Parameter(0.02 * torch.randn(persistent, d_model))
-        self.norm_attn = nn.RMSNorm(d_model, eps=eps)
-        self.attn = SlidingWindowAttention(d_model, heads, window, rotary_base)
-        self.norm_mlp = nn.RMSNorm(d_model, eps=eps)
-        self.mlp = mlp if mlp is not None else FeedForward(d_model, mlp_ratio)
-
-    def forward(self, x: torch.Tensor, state, keep_state: bool, cu_seqlens=None):
-        if cu_seqlens is not None:  # packed documents, each from the start (no state)
-            from atlas_core.varlen import check_cu_seqlens
-
-            cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
-            x = x + self.attn.packed(self.norm_attn(x), cu, self.persistent)
-            return x + self.mlp(self.norm_mlp(x)), None
-        y, state = self.attn(self.norm_attn(x), state, prefix=self.persistent, keep_state=keep_state)
-        x = x + y
-        return x + self.mlp(self.norm_mlp(x)), state
-
-
 def attention_block(p) -> AttentionBlock:
     """The block of a hybrid model (MAG, MAL, MAC) that carries no memory (not in ``[model]
-    memory_layers``), from the model's params."""
-    return AttentionBlock(p.d_model, p.attn_heads or p.heads, p.window, p.persistent_tokens,
-                          p.rotary_base, p.mlp_ratio, p.norm_eps, mlp=make_mlp(p))
+    memory_layers``), from the model's params: the core's pre-norm attention block with
+    sliding-window attention and its own persistent tokens."""
+    attn = SlidingWindowAttention(p.d_model, p.attn_heads or p.heads, p.window, p.rotary_base)
+    return AttentionBlock(p.d_model, attn, p.norm_eps, make_mlp(p), persistent=p.persistent_tokens)

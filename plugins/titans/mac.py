@@ -86,9 +86,11 @@ class MACBlock(nn.Module):
         self.persistent = nn.Parameter(0.02 * torch.randn(p.persistent_tokens, d))
         self.norm_in = nn.RMSNorm(d, eps=p.norm_eps)
         self.memory = memory
-        H, Dk, Dv = memory.heads, memory.d_key, memory.d_value
+        # a query per q/k head, read from the memories of the value heads it serves ([layer]
+        # value_heads: G = memory.groups consecutive memories a query head, as the layer's q)
+        H, Hv, Dk, Dv = memory.heads, memory.value_heads, memory.d_key, memory.d_value
         self.retrieve_q = nn.Linear(d, H * Dk, bias=False)  # W_Q of the paper
-        self.retrieve_out = nn.Linear(H * Dv, d, bias=False)  # retrieved values -> tokens
+        self.retrieve_out = nn.Linear(Hv * Dv, d, bias=False)  # retrieved values -> tokens
         self.attn = SegmentAttention(d, p.attn_heads or p.heads, p.segment_size, p.rotary_base)
         self.gate = BranchGate(d, p.norm_eps)
         self.norm_mlp = nn.RMSNorm(d, eps=p.norm_eps)
@@ -100,6 +102,8 @@ class MACBlock(nn.Module):
         q = rearrange(self.retrieve_q(s), "b n (h d) -> b n h d", h=L.heads)
         if L.params.qk_norm:
             q = F.normalize(q, dim=-1)
+        if L.groups > 1:  # (B, n, H, Dk) -> (B, n, Hv, Dk)
+            q = q.repeat_interleave(L.groups, dim=-2)
         psi = rearrange(rule.feature_map(q), "b n h d -> b h n d")
         names = list(rule.structure.weight_shapes())
         if committed is None:

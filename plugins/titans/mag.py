@@ -11,7 +11,7 @@ For a block that carries memory, with ``h = RMSNorm(x)`` and learned persistent 
 
 Only the token positions of ``y`` and ``m`` are kept (the memory processes p once, at the start
 of a sequence, so p shapes its state). Blocks not in ``memory_layers`` are sliding-window
-attention blocks (`attention.AttentionBlock`).
+attention blocks (`attention.attention_block`).
 
 Shapes: ``ids: [B, T]`` -> ``logits: [B, T, vocab_size]``. ``step`` carries, per block, the
 attention cache (prefix + last window - 1 keys/values) and the memory state (`run_memory`).

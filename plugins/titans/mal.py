@@ -8,7 +8,7 @@ carries the persistent prefix through both sub-layers (``z`` starts as ``p || x`
                                            # always-visible prefix
     x = z[N_p:];  x = x + MLP(RMSNorm(x))
 
-Blocks not in ``memory_layers`` are sliding-window attention blocks (`attention.AttentionBlock`).
+Blocks not in ``memory_layers`` are sliding-window attention blocks (`attention.attention_block`).
 
 Shapes: ``ids: [B, T]`` -> ``logits: [B, T, vocab_size]``. ``step`` carries, per block, the
 memory state (`run_memory`) and the attention cache, whose prefix keys/values are those of the

@@ -18,7 +18,7 @@ def atlas_register(registry):
         summary="deep memory: per-head fast-weight MLP M(x) = x + W_L s(... s(W_1 x)), "
         "gradients through torch.func",
         capabilities=("matrix_shaped", "deep"))
-    add("arch", "lmm", f"{_T}.lmm:build", params="atlas_core.lm:LMParams",
+    add("arch", "lmm", f"{_T}.lmm:build", params="atlas_core.lm:CoreLMParams",
         summary="Titans LMM: the core's memory language model (core:lm) under its Titans name")
     add("arch", "mag", f"{_T}.mag:build", params=f"{_T}.common:HybridParams",
         summary="memory as gate: sliding-window attention and memory branches, gated (Titans MAG)")

@@ -1,0 +1,87 @@
+"""A routed-expert MLP (``[model.moe]``): top-k routing over SwiGLU experts, with a gated shared
+expert, as Qwen3-Next's sparse MoE block computes it (transformers' ``Qwen3NextSparseMoeBlock``).
+
+For a token ``x: [d]`` with E experts, k chosen per token::
+
+    p      = softmax(W_r x)                      # router probabilities, float32: [E]
+    top    = the k largest p_e (ties: the lower index), w_e = p_e (/ sum of the k with norm_topk)
+    y      = sum_{e in top} w_e * W_d,e (silu(W_g,e x) * W_u,e x)
+    y     += sigmoid(w_s . x) * SwiGLU_shared(x)  # with a shared expert (shared_gate: the gate)
+
+Parameters: ``router`` ``[E, d]``; ``gate_up`` ``[E, 2 I, d]`` (each expert's gate rows, then its
+up rows); ``down`` ``[E, d, I]``; ``shared`` (a `SwiGLU` of ``shared_hidden``) and ``shared_gate``
+``[1, d]``. Every token runs through its k experts only (the loop visits the experts that some
+token chose). No load-balancing loss is added to training.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from .params import Params, size_field
+
+
+class MoEParams(Params):
+    """``[model.moe]``: routed experts in place of the dense MLP of the blocks listed in ``blocks``."""
+
+    experts: int = size_field(..., "heads", ge=1, description="number of routed experts (E)")
+    top_k: int = size_field(..., "heads", ge=1, description="experts each token is routed to (k <= E)")
+    hidden: int = size_field(..., "width", ge=1, description="each expert's SwiGLU hidden size")
+    shared_hidden: int = size_field(0, "width", ge=0, description="the shared expert's hidden size "
+                                    "(0: no shared expert)")
+    shared_gate: bool = Field(True, description="the shared expert's output is scaled by sigmoid(w . x)")
+    norm_topk: bool = Field(True, description="renormalise the k chosen probabilities to sum to 1")
+    blocks: list[int] | None = Field(None, description="block numbers (1-based) whose MLP is routed; "
+                                     "absent = every block")
+
+
+class SparseMoE(nn.Module):
+    """Top-k routed SwiGLU experts plus an optional gated shared expert: ``[B, T, d] -> [B, T, d]``."""
+
+    def __init__(self, d_model: int, p: MoEParams) -> None:
+        super().__init__()
+        if p.top_k > p.experts:
+            raise ValueError(f"top_k={p.top_k} exceeds experts={p.experts}")
+        E, I = p.experts, p.hidden
+        self.top_k, self.norm_topk, self.hidden = p.top_k, p.norm_topk, I
+        self.router = nn.Parameter(torch.empty(E, d_model).normal_(0.0, 0.02))
+        self.gate_up = nn.Parameter(torch.empty(E, 2 * I, d_model).normal_(0.0, d_model ** -0.5))
+        self.down = nn.Parameter(torch.empty(E, d_model, I).normal_(0.0, I ** -0.5))
+        if p.shared_hidden:
+            from .lm import SwiGLU  # the dense MLP's module (lm imports this file's params)
+
+            self.shared = SwiGLU(d_model, p.shared_hidden)
+            if p.shared_gate:
+                self.shared_gate = nn.Linear(d_model, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x: [N, d]`` -> (weights ``[N, k]`` in x's dtype, expert indices ``[N, k]``)."""
+        probs = F.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (N, d)
+        weights, index = self.route(flat)
+        out = torch.zeros_like(flat)
+        for e in torch.unique(index).tolist():  # the experts some token chose
+            token, slot = torch.where(index == e)
+            h = F.linear(flat[token], self.gate_up[e])
+            g, u = h.chunk(2, dim=-1)
+            y = F.linear(F.silu(g) * u, self.down[e]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        if hasattr(self, "shared"):
+            s = self.shared(flat)
+            if hasattr(self, "shared_gate"):
+                s = torch.sigmoid(self.shared_gate(flat)) * s
+            out = out + s
+        return out.reshape(shape)
+
+
+__all__ = ["MoEParams", "SparseMoE"]
