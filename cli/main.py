@@ -42,7 +42,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "atlas_cli.tokenizer",  # atlas tokenizer train|export
     "atlas_cli.examples",  # atlas examples list|copy
     "atlas_cli.export_hf",  # atlas export-hf CKPT OUT_DIR (Hugging Face)
-    "atlas_cli.import_fla",  # atlas import-fla SRC OUT (flash-linear-attention)
+    "atlas_cli.import_model",  # atlas import SRC OUT (transformers hybrids, fla), import-fla
     "atlas_cli.compare",  # atlas compare SPEC...
     "atlas_cli.check",  # atlas check NAME... (the conformance kit)
     "atlas_cli.scaffold",  # atlas plugins new NAME

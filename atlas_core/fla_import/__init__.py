@@ -3,6 +3,9 @@
     from atlas_core.fla_import import import_fla
     import_fla("fla-model/", "runs/imported")      # then atlas_core.load("runs/imported")
 
+(``atlas import`` / `atlas_core.model_import.import_checkpoint` read these and transformers'
+hybrids; `import_fla` is that import restricted to fla's families.)
+
 ``SRC`` holds ``config.json`` and the weights (``model.safetensors``, or shards listed in
 ``model.safetensors.index.json``) of one of fla 0.6.0's causal LMs: DeltaNet, Gated DeltaNet,
 Gated DeltaProduct, KDA, GLA, RetNet or linear attention (``config.json``'s ``model_type``; the
@@ -10,7 +13,9 @@ mapping of each is in `atlas_core.fla_import.families` and docs/zoo.md, "Importi
 checkpoints"). The model becomes
 ``core:lm`` with the family's zoo preset and every layer option set to fla's layer
 (`atlas_core.layer.LayerParams`), with fla's weights, so its logits equal fla's model on the same
-ids (float32); ``OUT`` is a run directory with one checkpoint (step 0) that ``atlas generate``,
+ids (float32). fla's hybrid configs (``attn = {layers = [...], num_heads, ...}``: softmax attention
+in place of the memory layer of the listed layers) become ``core:lm`` attention blocks
+(``[model] layers``, ``[model.attention]``). ``OUT`` is a run directory with one checkpoint (step 0) that ``atlas generate``,
 ``atlas eval --task ...``, ``atlas export-hf`` and `atlas_core.load` accept, decoding with O(1)
 state per token and running under every strategy that accepts the rule.
 
@@ -21,52 +26,60 @@ runs (the config is JSON, the weights safetensors).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import Issue, SpecError
+from ..model_import.files import read_config, read_weights
+from ..model_import.hybrids import Imported
 from .families import FAMILIES, UNSUPPORTED, Family, check
 
 FORMAT = "fla-import/1"
 
-
-def read_config(src: Path) -> dict[str, Any]:
-    path = src / "config.json"
-    if not path.is_file():
-        raise SpecError([Issue("config.json", f"{src} has no config.json; SRC is the directory an fla "
-                               "model's save_pretrained wrote")])
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecError([Issue("config.json", f"cannot be read as JSON: {exc}")], str(path)) from None
-    if not isinstance(cfg, dict):
-        raise SpecError([Issue("config.json", "is not a JSON object")], str(path))
-    return cfg
-
-
-def read_weights(src: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of ``src``'s safetensors files, by name."""
-    from safetensors.torch import load_file
-
-    index = src / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (src / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise SpecError([Issue("model.safetensors", f"{src} has no model.safetensors (nor an index of "
-                               "shards); save the fla model with save_pretrained (safetensors)")])
-    out: dict[str, torch.Tensor] = {}
-    for name in files:
-        out.update(load_file(str(src / name)))
-    return out
-
-
 #: the config's sizes every family reads
 SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_heads")
+#: the keys of one fla attention spec (fla.models.configuration_utils.AttentionSpec)
+ATTN_KEYS = ("layers", "num_heads", "num_kv_heads", "qkv_bias", "window_size", "rope_theta")
+
+
+def attention_for(cfg: dict[str, Any], issues: list[Issue]) -> tuple[list[int], dict[str, Any]] | None:
+    """fla's ``attn`` (one spec, or a list of specs that differ only in their layers) as the
+    attention layers (0-based) and the ``[model.attention]`` table; None without ``attn``."""
+    attn = cfg.get("attn")
+    if attn is None:
+        return None
+    specs = [attn] if isinstance(attn, dict) else attn
+    if not isinstance(specs, list) or not specs or not all(isinstance(a, dict) for a in specs):
+        issues.append(Issue("config.attn", "must be a table or a list of tables (fla's AttentionSpec)", attn))
+        return None
+    for i, a in enumerate(specs):
+        extra = sorted(set(a) - set(ATTN_KEYS))
+        if extra:
+            issues.append(Issue(f"config.attn.{extra[0]}", "not an attention option atlas maps", a[extra[0]],
+                                f"fla's attention options are {', '.join(ATTN_KEYS)}"))
+    shared = [{k: v for k, v in a.items() if k != "layers"} for a in specs]
+    if any(x != shared[0] for x in shared):
+        issues.append(Issue("config.attn", "not supported: attention layers with different settings; the "
+                            "attention blocks of a model share one [model.attention]", attn))
+    a, d = specs[0], cfg["hidden_size"]
+    H = a.get("num_heads")
+    if type(H) is not int or H < 1 or d % H:
+        issues.append(Issue("config.attn.num_heads", f"must be a positive integer dividing hidden_size={d}", H))
+        return None
+    layers = sorted(i for spec in specs for i in spec.get("layers", []))
+    bad = [i for i in layers if type(i) is not int or not 0 <= i < cfg["num_hidden_layers"]]
+    if bad or len(set(layers)) != len(layers):
+        issues.append(Issue("config.attn.layers", f"must be distinct layer numbers in 0..{cfg['num_hidden_layers'] - 1}",
+                            layers))
+        return None
+    bias = bool(a.get("qkv_bias", False))
+    table = {"heads": H, "kv_heads": int(a.get("num_kv_heads") or H), "head_dim": d // H, "bias": bias,
+             "out_bias": False, "qk_norm": "none", "rotary": True, "rotary_fraction": 1.0,
+             "rotary_base": float(a.get("rope_theta", 10000.0)), "output_gate": "none",
+             "window": a.get("window_size"), "block_norm": "pre"}
+    return layers, table
 
 
 def family_for(cfg: dict[str, Any], source: str = "config.json") -> Family:
@@ -84,10 +97,10 @@ def family_for(cfg: dict[str, Any], source: str = "config.json") -> Family:
     if sizes:
         raise SpecError(sizes, source)
     issues: list[Issue] = []
-    check(cfg, issues, "attn", None, "hybrid models with softmax-attention layers")
     check(cfg, issues, "attnres_block_size", None, "attention residuals between blocks")
     check(cfg, issues, "hidden_act", "swish", "the MLP is SwiGLU")
     fam = FAMILIES[kind](cfg, issues)
+    fam.attention = attention_for(cfg, issues)
     if issues:
         raise SpecError(issues, source)
     return fam
@@ -104,63 +117,66 @@ def spec_for(cfg: dict[str, Any], fam: Family, name: str) -> dict[str, Any]:
              "mlp_hidden": int(hidden), "tie_embeddings": bool(cfg.get("tie_word_embeddings", False)),
              "norm_eps": float(cfg.get("norm_eps", 1e-6)),
              "init_std": float(cfg.get("initializer_range", 0.02))}
+    if fam.attention is not None:
+        attn_layers, table = fam.attention
+        model["layers"] = ["attention" if i in attn_layers else "memory" for i in range(model["depth"])]
+        model["attention"] = table
     memory = {**fam.memory, "parallel": "core:sequential"}
     return {"schema": "atlas/1", "name": name, "model": model, "memory": memory, "layer": fam.layer}
+
+
+def _attention_weights(a: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """fla's ``Attention`` (q, k, v, o projections, q/k bias with qkv_bias) as the core attention's."""
+    out = {"attn.qkv.weight": torch.cat([a["q_proj.weight"], a["k_proj.weight"], a["v_proj.weight"]]),
+           "attn.out.weight": a["o_proj.weight"]}
+    if "q_proj.bias" in a:
+        out["attn.qkv.bias"] = torch.cat([a["q_proj.bias"], a["k_proj.bias"], a["v_proj.bias"]])
+    return out
 
 
 def state_dict_for(cfg: dict, fam: Family, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """fla's tensors under the names of the atlas model's ``state_dict`` (float32)."""
     out = {"embed.weight": tensors["model.embeddings.weight"], "norm.weight": tensors["model.norm.weight"]}
     out["head.weight"] = tensors.get("lm_head.weight", out["embed.weight"])
+    attn_layers = fam.attention[0] if fam.attention is not None else []
     for i in range(int(cfg["num_hidden_layers"])):
         pre, to = f"model.layers.{i}.", f"blocks.{i}."
-        out[to + "norm_mem.weight"] = tensors[pre + "attn_norm.weight"]
+        attn = {k[len(pre) + 5:]: v for k, v in tensors.items() if k.startswith(pre + "attn.")}
+        if i in attn_layers:
+            out[to + "norm_attn.weight"] = tensors[pre + "attn_norm.weight"]
+            out.update({to + k: v for k, v in _attention_weights(attn).items()})
+        else:
+            out[to + "norm_mem.weight"] = tensors[pre + "attn_norm.weight"]
+            for k, v in fam.attn_weights(attn, fam).items():
+                out[f"{to}memory.{k}"] = v
         out[to + "norm_mlp.weight"] = tensors[pre + "mlp_norm.weight"]
         for a, b in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
             out[f"{to}mlp.{b}.weight"] = tensors[f"{pre}mlp.{a}.weight"]
-        attn = {k[len(pre) + 5:]: v for k, v in tensors.items() if k.startswith(pre + "attn.")}
-        for k, v in fam.attn_weights(attn, fam).items():
-            out[f"{to}memory.{k}"] = v
     return {k: v.detach().to(torch.float32).contiguous() for k, v in out.items()}
+
+
+def fla_mapping(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], name: str, source: str) -> Imported:
+    """An fla checkpoint as an `Imported` (`atlas_core.model_import`)."""
+    fam = family_for(cfg, source)
+    try:
+        state = state_dict_for(cfg, fam, tensors)
+    except KeyError as exc:
+        raise SpecError([Issue("weights", "a tensor the config implies is missing", exc.args[0],
+                               "the checkpoint does not match its config.json")], source) from None
+    used = {k for k in tensors if k.startswith(tuple(f"model.layers.{i}." for i in range(cfg["num_hidden_layers"])))}
+    used |= {"model.embeddings.weight", "model.norm.weight", "lm_head.weight"} & set(tensors)
+    return Imported(spec_for(cfg, fam, name), state, used, family=str(cfg["model_type"]))
 
 
 def import_fla(src: str | Path, out: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
     """Write ``out`` (a run directory with one checkpoint) from the fla checkpoint ``src``; returns
     a summary (``out``, ``checkpoint``, ``family``, ``preset``, ``parameters``)."""
-    from ..model import build_model
-    from ..spec import load_spec
-    from ..train.checkpoint import save_checkpoint
+    from ..model_import import import_checkpoint
 
-    src, out = Path(src), Path(out)
-    cfg = read_config(src)
-    fam = family_for(cfg, str(src / "config.json"))
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise SpecError([Issue("OUT", f"{out} exists and is not empty", str(out),
-                               "name a new directory, or pass --overwrite")])
-    tensors = read_weights(src)
-    spec = load_spec(spec_for(cfg, fam, name=f"fla-{cfg['model_type']}-{src.name or 'model'}"))
-    model = build_model(spec)
-    state = state_dict_for(cfg, fam, tensors)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    bad = [k for k in state if k in expected and state[k].shape != expected[k].shape]
-    if missing or unexpected or bad:
-        detail = "; ".join(f"{what}: {', '.join(keys[:6])}" for what, keys in
-                           (("missing", missing), ("unexpected", unexpected), ("wrong shape", bad)) if keys)
-        raise SpecError([Issue("weights", f"the fla tensors do not fit the mapped model ({detail})",
-                               None, "the checkpoint does not match its config.json")], str(src))
-    model.load_state_dict(state, strict=True)
-    used = {f"model.layers.{i}." for i in range(int(cfg["num_hidden_layers"]))}
-    leftover = sorted(k for k in tensors if not (k.startswith(tuple(used)) or k in
-                      ("model.embeddings.weight", "model.norm.weight", "lm_head.weight")))
-    if leftover:
-        raise SpecError([Issue("weights", "tensors the mapping does not place", ", ".join(leftover[:6]))], str(src))
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"imported": {"format": FORMAT, "from": str(src), "model_type": cfg["model_type"]}}
-    ckpt = save_checkpoint(out, 0, model=model, spec=spec, optimizer_state=({}, {}), rng={}, meta=meta)
-    return {"out": str(out), "checkpoint": str(ckpt), "family": cfg["model_type"],
-            "preset": fam.memory["use"], "parameters": sum(p.numel() for p in model.parameters())}
+    src = Path(src)
+    family_for(read_config(src), str(src / "config.json"))  # an fla family, or one clear error
+    return import_checkpoint(src, out, overwrite=overwrite)
 
 
-__all__ = ["import_fla", "family_for", "spec_for", "state_dict_for", "read_config", "read_weights"]
+__all__ = ["import_fla", "family_for", "fla_mapping", "spec_for", "state_dict_for", "read_config", "read_weights",
+           "FORMAT"]

@@ -31,6 +31,8 @@ class Family:
     d_key: int
     d_value: int
     notes: list[str] = field(default_factory=list)
+    #: fla's hybrid attention layers: (layer numbers, the [model.attention] table), or None
+    attention: Any = None
 
 
 def check(cfg: dict, issues: list[Issue], key: str, allowed: Any, why: str) -> None:
