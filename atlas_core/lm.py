@@ -111,22 +111,37 @@ class CoreLMParams(LMParams):
             data["attention"] = {}
         return data
 
-    @model_validator(mode="after")
-    def _check(self) -> "CoreLMParams":
-        if self.layers is not None:
-            if len(self.layers) != self.depth:
-                raise ValueError(f"layers has {len(self.layers)} entries for depth={self.depth}: list one "
-                                 "kind per block, or a pattern whose length divides depth")
-            if self.memory_layers is not None:
-                raise ValueError("set layers or memory_layers, not both (layers names every block's kind)")
-        if self.attention is not None and "attention" not in (self.layers or ()):
+    # field validators (not one model validator), so that each error's path names its field
+    # (model.layers, model.attention, model.moe) and its value is that field's, not the whole table
+    @field_validator("layers")
+    @classmethod
+    def _check_kinds(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        depth = info.data.get("depth")
+        if v is not None and depth is not None and len(v) != depth:
+            raise ValueError(f"layers has {len(v)} entries for depth={depth}: list one kind per block, "
+                             "or a pattern whose length divides depth")
+        if v is not None and info.data.get("memory_layers") is not None:
+            raise ValueError("set layers or memory_layers, not both (layers names every block's kind)")
+        return v
+
+    @field_validator("attention")
+    @classmethod
+    def _check_attention(cls, v: AttentionParams | None, info: ValidationInfo) -> AttentionParams | None:
+        if v is not None and "layers" in info.data and "attention" not in (info.data["layers"] or ()):
             raise ValueError("attention is set and no block is an attention block: name them in layers "
                              "(e.g. layers = ['memory', 'memory', 'memory', 'attention'])")
-        blocks = self.moe.blocks if self.moe is not None else None
-        bad = [b for b in blocks or () if not 1 <= b <= self.depth]
+        return v
+
+    @field_validator("moe")
+    @classmethod
+    def _check_moe(cls, v: MoEParams | None, info: ValidationInfo) -> MoEParams | None:
+        depth = info.data.get("depth")
+        if v is None or v.blocks is None or depth is None:
+            return v
+        bad = [b for b in v.blocks if not 1 <= b <= depth]
         if bad:
-            raise ValueError(f"moe.blocks {bad} are outside 1..depth={self.depth} (1-based)")
-        return self
+            raise ValueError(f"moe.blocks {bad} are outside 1..depth={depth} (1-based)")
+        return v
 
     def kinds(self) -> list[str]:
         """Every block's kind, in order."""

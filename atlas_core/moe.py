@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from .params import Params, size_field
@@ -36,6 +36,12 @@ class MoEParams(Params):
     norm_topk: bool = Field(True, description="renormalise the k chosen probabilities to sum to 1")
     blocks: list[int] | None = Field(None, description="block numbers (1-based) whose MLP is routed; "
                                      "absent = every block")
+
+    @model_validator(mode="after")
+    def _top_k(self) -> "MoEParams":  # a spec error, not a ValueError when the model is built
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} exceeds experts={self.experts}")
+        return self
 
 
 class SparseMoE(nn.Module):
