@@ -94,11 +94,18 @@ def _fit(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) ->
     model.load_state_dict(state, strict=True)
 
 
-def _text_meta(tok_dir: Path | None) -> dict[str, Any]:
-    """A checkpoint's ``task`` record for a model with a subword tokenizer (text prompts, text eval)."""
+def _text_meta(tok_dir: Path | None, notes: list[str]) -> dict[str, Any]:
+    """A checkpoint's ``task`` record for a model with a subword tokenizer (text prompts, text
+    eval), as training on the text task writes it."""
     if tok_dir is None:
         return {}
-    text = (tok_dir / "tokenizer.json").read_text()
+    from ..train.tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        text = load_tokenizer(str(tok_dir / "tokenizer.json")).to_str()
+    except TokenizerError as exc:  # e.g. the data extra is missing: the files are copied all the same
+        notes.append(f"the tokenizer was copied, and cannot be used for text prompts: {exc}")
+        return {}
     return {"task": {"use": "core:text", "params": {"mode": "bpe", "tokenizer": str(tok_dir)},
                      "text": {"mode": "bpe", "tokenizer": text}}}
 
@@ -136,7 +143,7 @@ def import_checkpoint(src: str | Path, out: str | Path, *, overrides: Iterable[s
         out.mkdir(parents=True, exist_ok=True)
         tok_dir = copy_tokenizer(tokenizer_files(src), out)
         meta = {"imported": {"format": FORMAT, "from": str(src), "model_type": cfg.get("model_type"),
-                             "overrides": overrides, "notes": imp.notes}, **_text_meta(tok_dir)}
+                             "overrides": overrides, "notes": imp.notes}, **_text_meta(tok_dir, imp.notes)}
         ckpt = save_checkpoint(out, 0, model=model, spec=spec, optimizer_state=({}, {}), rng={}, meta=meta)
     except BaseException:
         if created:  # nothing half-written is left behind

@@ -234,8 +234,10 @@ def _ends(W: Weights, cfg: dict, out: dict, *, centred: bool) -> None:
     p = W.prefix
     out["embed.weight"] = W.get(p + "embed_tokens.weight")
     out["norm.weight"] = W.get(p + "norm.weight") + (1.0 if centred else 0.0)
-    if not cfg.get("tie_word_embeddings", False):
-        out["head.weight"] = W.get("lm_head.weight")
+    tied = cfg.get("tie_word_embeddings", False)  # the head is the embedding (one tensor, two names)
+    out["head.weight"] = out["embed.weight"] if tied else W.get("lm_head.weight")
+    if tied and W.has("lm_head.weight"):
+        W.get("lm_head.weight")  # a copy saved anyway: read, not placed
 
 
 def _qwen(cfg: dict, tensors: dict, name: str, *, prefix: str, fused: str, moe: bool) -> Imported:

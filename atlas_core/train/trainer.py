@@ -132,11 +132,17 @@ class Trainer:
         self._engine()
 
     def _restore(self, ckpt) -> None:
-        """Continue from a checkpoint: weights, optimiser state, RNGs, step, tokens, time."""
+        """Continue from a checkpoint: weights, optimiser state, RNGs, step, tokens, time. A
+        checkpoint of weights alone (`atlas import` writes one: no optimiser state, no RNG
+        state) starts the optimiser and the data from the run's seed."""
         ckpt.load_model(self.model)
         tensors, rest = ckpt.optimizer_state()
-        load_optimizer_tensors(self.model, self.optimizer, tensors, rest)
+        if tensors or rest.get("param_groups"):
+            load_optimizer_tensors(self.model, self.optimizer, tensors, rest)
         rng = ckpt.rng()
+        if "rng/data" not in rng:
+            self.step = ckpt.step
+            return
         self.data_gen.set_state(rng["rng/data"])
         torch.set_rng_state(rng["rng/torch"])
         if self.device.startswith("cuda") and "rng/cuda.0" in rng:
