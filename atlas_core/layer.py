@@ -327,10 +327,11 @@ class MemoryLayer(nn.Module):
 
     def _form(self, gate, raw: torch.Tensor, form: str, scale: float) -> torch.Tensor:
         """A gate from its pre-activation ``raw`` (``[B, T, H]`` or ``[B, T, H, Dk]``)."""
-        if form == "mamba2":
-            A = self.gate_A_log[gate.name].float().exp()
+        if form == "mamba2":  # in float32 at least (bf16 upcast; float64 kept, not rounded)
+            work = torch.promote_types(raw.dtype, torch.float32)
+            A = self.gate_A_log[gate.name].to(work).exp()
             A = A.unsqueeze(-1) if gate.shape == "key" else A
-            return torch.exp(-A * F.softplus(raw.float())).to(raw.dtype)
+            return torch.exp(-A * F.softplus(raw.to(work))).to(raw.dtype)
         if form == "gla":
             return torch.exp(F.logsigmoid(raw) / GLA_GATE_NORMALIZER)
         return gate.activate(raw, scale)
