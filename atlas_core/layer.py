@@ -4,7 +4,8 @@
 memory's initial weights, which the layer registers by holding the rule). For an input
 ``x: [B, T, d_model]``:
 
-1. ``q, k, v = W_q x, W_k x, W_v x`` -> ``[B, T, H * D]``;
+1. ``q, k, v = W_q x, W_k x, W_v x`` -> ``[B, T, H * D]`` (v: ``[B, T, Hv * Dv]`` with grouped
+   value heads, below; so are the gates, the rule and the output from step 4 on);
 2. a short causal depthwise convolution (kernel ``conv_size``) on each of q, k, v, then SiLU
    (Titans Sec 4.4; Atlas spec seed);
 3. split into heads ``[B, T, H, D]``; l2-normalise q and k (``qk_norm``);
@@ -40,6 +41,23 @@ size is its output's) and ``rotary`` (RoPE on q and k after the feature map, the
 carried in the state as ``"pos"``), both in `atlas_core.layer_qk`; ``q_scale`` comes after them.
 A preset may declare defaults for them (``layer`` in its registration, like a knob declares its
 gates): a field left at None takes the preset's value, else the core's.
+
+Grouped value heads (``value_heads = Hv``, a positive multiple of ``heads = H``; None: ``Hv = H``,
+today's layer, the same parameters and outputs): as Qwen3.5's ``linear_num_value_heads`` over
+``linear_num_key_heads`` and fla's ``num_v_heads`` over ``num_heads``, q and k stay per key head
+(``q_proj``, ``k_proj``, their convolutions, norms, feature map and rotary: ``[B, T, H, Dk]``)
+while v, its convolution, every gate row (and a mamba2 gate's ``A_log``), the rule's state (one
+memory per value head: the rule is bound to ``Hv`` heads), the output norm, the output gate and
+``o_proj``'s input are per value head. Key head i serves the ``G = Hv / H`` consecutive value
+heads ``i G .. i G + G - 1`` (transformers' ``repeat_interleave(G)``, fla's ``(h g)``): q and k are
+repeated to ``[B, T, Hv, Dk]`` just before the rule call. That is a copy, G times their size (as
+large as v): one head axis of ``Hv`` cannot be a view of ``H`` heads (a stride-0 group axis does not
+merge with the head axis), and the rule's call takes ``[B, T, heads, D]``. The rule and every
+strategy and kernel then see ``Hv`` ordinary heads and run a grouped layer unchanged. What
+grouping could save is compute, not the copy: ``core:exact_chunk`` forms the Gram products
+``k k^T`` and ``q k^T`` of each chunk per value head, though they depend on the key head only
+(about half its ``C d`` work a token; the solve, the decay matrices and the ``d^2`` state products
+are per value head); that sharing is not done.
 
 ``forward(x, state=None) -> (y, state)``: the state is a flat dict of tensors — ``"conv.q"``,
 ``"conv.k"``, ``"conv.v"`` (the last conv_size - 1 pre-convolution inputs, so the convolution
@@ -138,6 +156,24 @@ class LayerParams(Params):
     rotary: bool = Field(False, description="rotate q and k by their position (RoPE, rotate-half, the "
                          "whole key; fla's RotaryEmbedding); the state carries the position")
     rotary_base: float = Field(10000.0, gt=0, description="RoPE's base (frequencies base^(-2i/d))")
+    value_heads: int | None = size_field(
+        None, "heads", ge=1, description="value heads (grouped value heads: a positive multiple of "
+        "the model's heads; each q/k head serves value_heads / heads consecutive value heads, and v, "
+        "the gates, the memory, the output norm and gate are per value head; Qwen3.5's "
+        "linear_num_value_heads, fla's num_v_heads); None: one value head per q/k head")
+
+
+def value_head_issues(value_heads: int | None, heads: int, path: str = "layer.value_heads") -> list[Issue]:
+    """``[layer] value_heads`` that is not a positive multiple of the model's ``heads`` (each
+    q/k head serves ``value_heads / heads`` consecutive value heads)."""
+    if value_heads is None or (value_heads >= 1 and value_heads % heads == 0):
+        return []
+    lo = max(heads, value_heads // heads * heads)
+    near = sorted({lo, lo + heads} - {value_heads})
+    return [Issue(path, f"must be a positive multiple of the model's heads = {heads}: each query/key "
+                  f"head serves value_heads / heads consecutive value heads", value_heads,
+                  f"use {' or '.join(map(str, near))}, or leave layer.value_heads unset (one value "
+                  "head per query/key head)")]
 
 
 def preset_layer_defaults(rule, registry=None) -> dict:
@@ -239,6 +275,12 @@ class MemoryLayer(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}; set layer.d_key")
         self.params = p
         self.d_model, self.heads = d_model, heads
+        bad = value_head_issues(p.value_heads, heads)
+        if bad:
+            raise SpecError(bad)
+        # grouped value heads: each q/k head serves G consecutive value heads (one memory each)
+        self.value_heads = Hv = p.value_heads or heads
+        self.groups = Hv // heads
         self.d_key = p.d_key or d_model // heads
         self.d_value = p.d_value or self.d_key
         # the key size the rule sees: after the feature map on q and k (hedgehog doubles it)
@@ -247,7 +289,7 @@ class MemoryLayer(nn.Module):
             raise SpecError([Issue("layer.rotary", f"rotates pairs of key features, and the key has "
                                    f"{self.d_rule_key} (odd)", True, "make layer.d_key even")])
         self.rule = rule
-        rule.bind(heads, self.d_rule_key, self.d_value)
+        rule.bind(Hv, self.d_rule_key, self.d_value)  # one memory per value head
         # the strategy is resolved and checked once, here; the layer owns the bound runner
         self.runner = rule.runner(strategy, registry)
         self.strategy = self.runner
@@ -265,7 +307,7 @@ class MemoryLayer(nn.Module):
                 self.k_map = QKFeatureMap(p.qk_feature_map, self.d_key)
         elif p.qk_feature_map != "none":
             self.q_map = QKFeatureMap(p.qk_feature_map, self.d_key)
-        self.v_proj = nn.Linear(d_model, n * H * Dv, bias=False)
+        self.v_proj = nn.Linear(d_model, n * Hv * Dv, bias=False)
         self.options = opts = effective_options(p, preset_layer_defaults(rule, registry))
         q_scale = opts["q_scale"]
         self.q_scale = float(Dk) ** -0.5 if q_scale == "rsqrt_d_key" else float(q_scale)
@@ -274,7 +316,7 @@ class MemoryLayer(nn.Module):
             init = opts["conv_init"]
             self.q_conv = ShortConv(H * self.d_key, p.conv_size, init)
             self.k_conv = ShortConv(n * H * self.d_key, p.conv_size, init)
-            self.v_conv = ShortConv(n * H * Dv, p.conv_size, init)
+            self.v_conv = ShortConv(n * Hv * Dv, p.conv_size, init)
         # the gates the rule's knobs declare (a standalone rule declares none)
         self.gate_decls = tuple(rule.gates)
         self.gate_names = tuple(g.name for g in self.gate_decls)
@@ -284,7 +326,7 @@ class MemoryLayer(nn.Module):
         if bad:
             raise SpecError(bad)
         self.gate_forms = tuple(opts["gate_form"].get(g.name, "declared") for g in self.gate_decls)
-        self.gate_sizes = tuple(H * (Dk if g.shape == "key" else 1) * (n if g.name in self.step_gates else 1)
+        self.gate_sizes = tuple(Hv * (Dk if g.shape == "key" else 1) * (n if g.name in self.step_gates else 1)
                                 for g in self.gate_decls)
         self.gate_scales = tuple(
             g.scale * (p.theta_scale if g.role == "step_size" else 1.0) for g in self.gate_decls)
@@ -298,7 +340,7 @@ class MemoryLayer(nn.Module):
                     rows.append(self._initial_bias(g, size, form, opts["gate_bias"]))
                     if form == "mamba2":
                         lo, hi = MAMBA2_A_RANGE
-                        self.gate_A_log[g.name] = nn.Parameter(torch.empty(H).uniform_(lo, hi).log())
+                        self.gate_A_log[g.name] = nn.Parameter(torch.empty(Hv).uniform_(lo, hi).log())
                 self.gate_proj.bias.copy_(torch.cat(rows))
             # the rows of gates of form "no_bias" keep bias 0 (a mask, not a parameter: same keys)
             mask = torch.cat([torch.full((n,), 0.0 if f == "no_bias" else 1.0)
@@ -308,8 +350,8 @@ class MemoryLayer(nn.Module):
             self.out_norm = nn.RMSNorm(Dv, eps=p.output_norm_eps)
         self.output_gate = opts["output_gate"]
         if self.output_gate != "none":
-            self.out_gate = nn.Linear(d_model, H * Dv, bias=bool(opts["output_gate_bias"]))
-        self.o_proj = nn.Linear(H * Dv, d_model, bias=False)
+            self.out_gate = nn.Linear(d_model, Hv * Dv, bias=bool(opts["output_gate_bias"]))
+        self.o_proj = nn.Linear(Hv * Dv, d_model, bias=False)
 
     @staticmethod
     def _initial_bias(gate, size: int, form: str, gate_bias: dict) -> torch.Tensor:
@@ -349,8 +391,8 @@ class MemoryLayer(nn.Module):
         return cls(d_model, heads, rule, params, strategy=strategy, registry=registry)
 
     def gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every declared gate from ``x: [B, T, d_model]``: ``[B, T, H]`` per head, ``[B, T, H, Dk]``
-        per key."""
+        """Every declared gate from ``x: [B, T, d_model]``: ``[B, T, Hv]`` per head, ``[B, T, Hv, Dk]``
+        per key (``Hv``: the value heads)."""
         if not self.gate_names:
             return {}
         bias = self.gate_proj.bias * self.gate_bias_mask.to(self.gate_proj.bias.dtype)
@@ -359,9 +401,9 @@ class MemoryLayer(nn.Module):
         for gate, r, scale, form in zip(self.gate_decls, raw, self.gate_scales, self.gate_forms):
             n = self.steps if gate.name in self.step_gates else 1
             if gate.shape == "key":
-                r = rearrange(r, "b t (n h d) -> b t n h d", n=n, h=self.heads)
+                r = rearrange(r, "b t (n h d) -> b t n h d", n=n, h=self.value_heads)
             else:
-                r = rearrange(r, "b t (n h) -> b t n h", n=n, h=self.heads)
+                r = rearrange(r, "b t (n h) -> b t n h", n=n, h=self.value_heads)
             if n == 1:
                 r = r.squeeze(2)
             out[gate.name] = self._form(gate, r, form, scale)
@@ -388,12 +430,12 @@ class MemoryLayer(nn.Module):
         if self.params.qkv_activation == "silu":
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q = rearrange(q, "b t (h d) -> b t h d", h=self.heads)
-        if self.steps > 1:  # [B, T, n, H, D]: n keys and values a token
+        if self.steps > 1:  # [B, T, n, H, D]: n keys and values a token (v: [B, T, n, Hv, Dv])
             k = rearrange(k, "b t (n h d) -> b t n h d", n=self.steps, h=self.heads)
-            v = rearrange(v, "b t (n h d) -> b t n h d", n=self.steps, h=self.heads)
+            v = rearrange(v, "b t (n h d) -> b t n h d", n=self.steps, h=self.value_heads)
         else:
             k = rearrange(k, "b t (h d) -> b t h d", h=self.heads)
-            v = rearrange(v, "b t (h d) -> b t h d", h=self.heads)
+            v = rearrange(v, "b t (h d) -> b t h d", h=self.value_heads)
         if self.params.qk_norm:
             q, k = l2_normalize(q, self.params.qk_norm_eps), l2_normalize(k, self.params.qk_norm_eps)
         if self.params.qk_feature_map != "none":
@@ -409,6 +451,8 @@ class MemoryLayer(nn.Module):
                                         torch.tensor(conv_cu[0], device=x.device).diff())
         if self.q_scale != 1.0:
             q = q * self.q_scale
+        if self.groups > 1:  # key head i serves value heads i G .. i G + G - 1: [.., H, D] -> [.., Hv, D]
+            q, k = q.repeat_interleave(self.groups, dim=-2), k.repeat_interleave(self.groups, dim=-2)
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
         y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner,
                           **packed)
@@ -423,4 +467,5 @@ class MemoryLayer(nn.Module):
         return self.o_proj(y), new_state
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, heads={self.heads}, d_key={self.d_key}, d_value={self.d_value}"
+        grouped = f", value_heads={self.value_heads}" if self.groups > 1 else ""
+        return f"d_model={self.d_model}, heads={self.heads}{grouped}, d_key={self.d_key}, d_value={self.d_value}"

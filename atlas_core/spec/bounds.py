@@ -84,7 +84,7 @@ def lm_estimate(model: Mapping[str, Any], layer: Mapping[str, Any] | None = None
                 ) -> tuple[float, str] | None:
     """A closed-form estimate of the parameters of a language model's ``[model]`` table (the
     embedding and, per block, the MLP and the memory layer's q, k, v and output projections, of
-    ``heads x d_key`` and ``heads x d_value`` when ``[layer]`` sets them) and the key that
+    ``heads x d_key`` and ``value_heads x d_value`` when ``[layer]`` sets them) and the key that
     dominates it; None when the table has no usable ``d_model``."""
     model = {"depth": 2, "mlp_ratio": 4.0, "heads": 1, **model}
     layer = layer or {}
@@ -96,17 +96,21 @@ def lm_estimate(model: Mapping[str, Any], layer: Mapping[str, Any] | None = None
         heads = float(model["heads"])
         dk = float(layer.get("d_key") or d / max(heads, 1.0))
         dv = float(layer.get("d_value") or dk)
+        value_heads = float(layer.get("value_heads") or heads)
         hidden = float(model.get("mlp_hidden") or d * ratio)  # swiglu's default: about 2/3 of it
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
     embed = vocab * d * (1 if model.get("tie_embeddings", True) else 2)
-    projections = d * heads * (2.0 * dk + 2.0 * dv)
+    projections = d * (heads * 2.0 * dk + value_heads * 2.0 * dv)
     block = d * hidden * (3.0 if model.get("mlp") == "swiglu" else 2.0) + projections
     total = embed + depth * block
     if depth * block < embed:
         key = "model.vocab_size"
     elif depth > 64:
         key = "model.depth"
+    elif (projections > 4.0 * d * d and layer.get("value_heads") is not None
+          and value_heads * dv > heads * dk):
+        key = "layer.value_heads"
     elif projections > 4.0 * d * d and layer.get("d_key") is not None:
         key = "layer.d_key"
     else:

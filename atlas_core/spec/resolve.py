@@ -132,6 +132,18 @@ def _gate_bias_issues(layer: Mapping[str, Any], memory: Mapping[str, Any], reg: 
     return gate_bias_issues(gate_bias, tuple(rule.gates))
 
 
+def _value_head_issues(layer: Any, model: Any) -> list[Issue]:
+    """``[layer] value_heads`` that is not a positive multiple of ``[model] heads``."""
+    if not isinstance(layer, Mapping) or not isinstance(model, Mapping):
+        return []
+    value_heads, heads = layer.get("value_heads"), model.get("heads")
+    if value_heads is None or isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        return []
+    from ..layer import value_head_issues
+
+    return value_head_issues(value_heads, heads)
+
+
 def resolve_train(table: Mapping[str, Any], issues: list[Issue]) -> dict | None:
     model = _optional(*TRAIN_PARAMS)
     if model is None:  # no trainer yet: keep the table as written (documented)
@@ -174,6 +186,7 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
     layer_r = resolve_layer(layer, issues) if layer is not None or "layer" not in data else None
     if isinstance(layer, Mapping) and memory_r is not None:  # keys, even when a value is bad
         issues.extend(_gate_bias_issues(layer, memory_r, reg))
+    issues.extend(_value_head_issues(layer_r, model_r))
     train = _table(data, "train", issues, required=False)
     train_r = resolve_train(train, issues) if train is not None else None
 
