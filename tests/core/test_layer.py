@@ -22,19 +22,22 @@ def make_layer(memory=None, d_model=12, heads=3, **layer):
     return MemoryLayer(d_model, heads, rule, LayerParams(**layer), strategy="core:sequential").to(DT)
 
 
+def hand_conv(z: torch.Tensor, mod) -> torch.Tensor:
+    """``mod``'s causal depthwise convolution of ``z: [B, T, C]`` from zeros, by hand:
+    ``out_t = sum_j w[j] z_{t - (K-1) + j}``."""
+    B, T, C = z.shape
+    K = mod.kernel
+    pad = torch.cat([z.new_zeros(B, K - 1, C), z], 1)
+    return sum(mod.weight[:, 0, j] * pad[:, j : j + T] for j in range(K))
+
+
 def hand_layer(layer: MemoryLayer, x: torch.Tensor):
     """The module docstring's steps 1-6, one by one, with the layer's weights."""
     p, H = layer.params, layer.heads
     B, T, _ = x.shape
-
-    def conv(z, mod):  # causal depthwise: out_t = sum_j w[j] z_{t - (K-1) + j}
-        K = mod.kernel
-        pad = torch.cat([z.new_zeros(B, K - 1, z.shape[-1]), z], 1)
-        return sum(mod.weight[:, 0, j] * pad[:, j : j + T] for j in range(K))
-
     q, k, v = x @ layer.q_proj.weight.T, x @ layer.k_proj.weight.T, x @ layer.v_proj.weight.T
     if p.conv_size > 1:
-        q, k, v = conv(q, layer.q_conv), conv(k, layer.k_conv), conv(v, layer.v_conv)
+        q, k, v = hand_conv(q, layer.q_conv), hand_conv(k, layer.k_conv), hand_conv(v, layer.v_conv)
     if p.qkv_activation == "silu":
         q, k, v = q * torch.sigmoid(q), k * torch.sigmoid(k), v * torch.sigmoid(v)
     q, k, v = (z.reshape(B, T, H, -1) for z in (q, k, v))

@@ -92,3 +92,44 @@ def compare(got, want) -> dict[str, float]:
     errs.update({f"state[{k}]": rel_rms(sg[k], sw[k]) for k in sw})
     errs.update({f"grad[{k}]": rel_rms(gg[k], gw[k]) for k in gw})
     return errs
+
+
+def model_run(spec, ids: torch.Tensor, device: str = "cpu", seed: int = 0):
+    """Logits and parameter gradients (on the CPU) of the model of ``spec`` built and run on
+    ``device`` over ``ids``, and the model."""
+    torch.manual_seed(seed)
+    model = ac.build_model(spec).to(device)
+    logits = model(ids.to(device))
+    logits.square().mean().backward()
+    grads = {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach().cpu(), grads, model
+
+
+def check_model_on_kernel(spec, ids: torch.Tensor, monkeypatch):
+    """The model of ``spec`` on the ``cuda:chunk_linear`` kernel (which must run) equals the
+    PyTorch path (``ATLAS_BACKEND=torch``): logits, every parameter gradient, and decoding (a
+    3-token prompt, then one token per step) equals the kernel's full forward. Returns the model."""
+    from atlas_plugins.cuda_backend.backend_chunk import ChunkLinearBackend
+
+    from .conftest import DEVICE
+
+    calls = []
+    real_run = ChunkLinearBackend.run
+    monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1) or real_run(self, *a))
+    got, g_got, model = model_run(spec, ids, DEVICE)
+    assert calls, "the kernel backend was not used"
+    with torch.no_grad():
+        outs, state = [], None
+        for lo, hi in [(0, 3)] + [(t, t + 1) for t in range(3, ids.shape[1])]:
+            logits, state = model.step(ids[:, lo:hi].to(DEVICE), state)
+            outs.append(logits.cpu())
+    assert rel_rms(torch.cat(outs, 1), got) <= 1e-5
+    monkeypatch.setenv("ATLAS_BACKEND", "torch")
+    ran = len(calls)
+    want, g_want, _ = model_run(spec, ids)
+    assert len(calls) == ran, "the reference ran on the kernel"
+    assert rel_rms(got, want) <= 1e-5
+    assert set(g_got) == set(g_want)
+    for name in g_want:
+        assert rel_rms(g_got[name], g_want[name]) <= 1e-4, name
+    return model

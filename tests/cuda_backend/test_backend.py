@@ -24,7 +24,7 @@ from atlas_plugins.cuda_backend import availability
 from atlas_plugins.cuda_backend.backend_chunk import ChunkLinearBackend
 
 from .conftest import DEVICE
-from .oracle import H, make_rule, rel_rms
+from .oracle import H, check_model_on_kernel, make_rule, model_run
 
 pytestmark = pytest.mark.triton
 NAME = "cuda:chunk_linear"
@@ -260,41 +260,14 @@ SPEC = {
 IDS = torch.randint(0, 32, (1, 16), generator=torch.Generator().manual_seed(1))  # two anchor blocks
 
 
-def _model_run(seed=0, with_model=False, device="cpu"):
-    """Logits and parameter gradients (on the CPU) of the model built and run on ``device``."""
-    torch.manual_seed(seed)
-    model = ac.build_model(SPEC).to(device)
-    logits = model(IDS.to(device))
-    logits.square().mean().backward()
-    grads = {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
-    return (logits.detach().cpu(), grads) + ((model,) if with_model else ())
-
-
 def test_model_uses_the_kernel_and_matches_pytorch(monkeypatch):
-    calls = []
-    real_run = ChunkLinearBackend.run
-    monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1) or real_run(self, *a))
-    got, g_got, model = _model_run(with_model=True, device=DEVICE)
-    assert calls, "the kernel backend was not used"
-    # decoding (a 3-token prompt, then one token per step) equals the kernel's full forward
-    with torch.no_grad():
-        outs, state = [], None
-        for lo, hi in [(0, 3)] + [(t, t + 1) for t in range(3, 16)]:
-            logits, state = model.step(IDS[:, lo:hi].to(DEVICE), state)
-            outs.append(logits.cpu())
-    assert rel_rms(torch.cat(outs, 1), got) <= 1e-5
-    monkeypatch.setenv("ATLAS_BACKEND", "torch")
-    want, g_want = _model_run()
-    assert rel_rms(got, want) <= 1e-5
-    assert set(g_got) == set(g_want)
-    for name in g_want:
-        assert rel_rms(g_got[name], g_want[name]) <= 1e-4, name
+    check_model_on_kernel(SPEC, IDS, monkeypatch)
 
 
 def test_model_runs_on_pytorch_without_cuda(no_device, monkeypatch):
     calls = []
     monkeypatch.setattr(ChunkLinearBackend, "run", lambda self, *a: calls.append(1))
-    logits, grads = _model_run()
+    logits, grads, _ = model_run(SPEC, IDS)
     assert not calls and torch.isfinite(logits).all() and grads
 
 
