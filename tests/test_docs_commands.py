@@ -113,9 +113,25 @@ _INSTALL_STRATEGY_EXAMPLE = (
     "(info / 'entry_points.txt').write_text('[atlas_core.plugins]\\nacme_chunks = atlas_acme_chunks.plugin\\n')\n"
 )
 
+# the reader's own checkpoint directory of the import guide: a small random Qwen3.5 saved by
+# transformers under the name the docs use, with the user's corpus and a tokenizer trained on it
+_TINY_QWEN = (
+    "import pathlib, transformers\n"
+    "text = pathlib.Path('docs/math.md').read_text()\n"
+    "pathlib.Path('corpus.txt').write_text(text)\n"
+    "cfg = transformers.Qwen3_5TextConfig(vocab_size=300, hidden_size=32, intermediate_size=48, "
+    "num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, "
+    "linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)\n"
+    "transformers.Qwen3_5ForCausalLM(cfg).save_pretrained('Qwen3.5-0.8B')\n"
+)
+_IMPORT_SETUP = [f"python -c {shlex.quote(_TINY_QWEN)}",
+                 "atlas tokenizer train corpus.txt --vocab-size 300 --out Qwen3.5-0.8B/tokenizer.json"]
+
 SETUP: dict[str, list[str]] = {
-    # README's Python example trains runs/mqar-small before `atlas export-hf` reads it
-    "README.md": ["atlas train examples/mqar_default.toml --steps 2 --out runs/mqar-small"],
+    # README's Python example trains runs/mqar-small before `atlas export-hf` reads it; its import
+    # example reads the reader's Qwen3.5 directory
+    "README.md": ["atlas train examples/mqar_default.toml --steps 2 --out runs/mqar-small", *_IMPORT_SETUP],
+    "docs/import.md": _IMPORT_SETUP,
     # the user's corpus, and the doc's spec as corpus.toml (its own commands validate and train it)
     "docs/data.md": [f"python -c {shlex.quote(_TINY_CORPUS)}",
                      # under another name: the doc's own command writes tokenizer.json, after the
