@@ -12,7 +12,15 @@ fla's layers (``fla.layers.*``) call Triton kernels that need a GPU. `fla_on_cpu
   in the kernel (``use_gate_in_kernel``: ``g = -exp(A_log) softplus(g + dt_bias)``), q scaled by
   ``scale`` (default ``1/sqrt(K)``), retention's fixed decay ``log(1 - 2^(-5 - h))`` per head;
   the final state as ``[B, H, K, V]`` (``[B, H, V, K]`` with
-  ``state_v_first``);
+  ``state_v_first``); grouped value heads (GVA: ``v: [B, T, HV, V]`` and the gates per value head,
+  q and k per q/k head, ``HV`` a multiple of ``H``) with value head ``i`` reading q/k head
+  ``i // (HV / H)``, as fla's kernels index them;
+- ``flash_attn_func`` in ``fla.layers.attn`` (fla's softmax ``Attention``, the ``attn`` layers of a
+  hybrid config) for `softmax_attention`, causal softmax attention with grouped key/value heads and
+  flash-attn's sliding ``window_size``; ``flash_attn_varlen_func`` (padding masks, packed
+  sequences) is refused. fla's ``Attention.__init__`` raises ImportError when ``flash_attn_func`` is
+  None (flash-attn not installed), so a model with ``attn`` layers is built inside the block too
+  (`build`);
 - ``ShortConvolution.forward`` and ``causal_conv1d`` (depthwise causal conv, bias, SiLU),
   ``RMSNorm.forward`` (with fla's residual/prenorm form), ``FusedRMSNormGated.forward``
   (``rmsnorm(x) * w * act(g)``), ``SwiGLULinear.forward`` (``W (silu(x) * y) + b``), the rotary
@@ -47,11 +55,21 @@ def recurrence(q, k, v, beta=None, g=None, gk=None, *, scale=None, delta=True, s
     ``n = steps`` sub-steps a token (sub-step j of token t at ``t n + j``); ``g: [B, T, H]`` log
     decay per head, ``gk: [B, T, H, K]`` log decay per key. State ``S: [B, H, K, V]``; per token
     ``S <- S exp(g) exp(gk)`` (rows), then per sub-step ``S <- S + k (beta (v - S^T k))^T`` (delta)
-    or ``S <- S + k (beta v)^T``; ``o_t = S^T (scale q_t)``. Returns ``(o [B, T, H, V], S or None)``."""
+    or ``S <- S + k (beta v)^T``; ``o_t = S^T (scale q_t)``. Returns ``(o [B, T, H, V], S or None)``.
+
+    Grouped value heads (GVA): ``v``, ``beta``, ``g``, ``gk``, the state and ``o`` have ``HV`` heads,
+    a multiple of q's and k's ``H``; q and k are repeated to ``HV`` heads, value head i reading
+    q/k head ``i // (HV / H)`` (fla's kernels: ``i_h = i_hv // (HV // H)``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     scale = K ** -0.5 if scale is None else scale
     q, k, v = q.float() * scale, k.float(), v.float()
+    HV = v.shape[2]
+    if HV != H:  # grouped value heads: value head i reads q/k head i // (HV / H), as the kernels
+        if HV % H:
+            raise ValueError(f"value heads HV={HV} must be a multiple of the q/k heads H={H}")
+        q, k = q.repeat_interleave(HV // H, dim=2), k.repeat_interleave(HV // H, dim=2)
+        H = HV
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float().clone()
     o = q.new_empty(B, T, H, V)
     for t in range(T):
@@ -156,6 +174,44 @@ def linear_attn(q, k, v, scale=None, normalize=False, **kw):
     return _finish(o, S, v, kw)
 
 
+def softmax_attention(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                      softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash-attn's ``flash_attn_func``: ``q: [B, Tq, H, D]``, ``k, v: [B, Tk, G, D]`` (``G``
+    dividing ``H``: query head h reads key/value head ``h // (H / G)``) -> ``[B, Tq, H, D]``,
+    ``softmax(q k^T * scale) v`` with ``scale = softmax_scale or 1/sqrt(D)``, in float32. Query i
+    sits at key position ``i + Tk - Tq`` (flash-attn aligns the last query with the last key) and
+    sees key j when ``p - left <= j <= p + right`` for ``window_size = (left, right)``, a negative
+    side unbounded; ``causal`` sets ``right = 0``. fla passes ``causal=True`` and
+    ``(-1, -1)`` or ``(window - 1, 0)``."""
+    if dropout_p or softcap or alibi_slopes is not None or return_attn_probs:
+        raise NotImplementedError("the CPU oracle's attention has no dropout, softcap, ALiBi or returned "
+                                  "probabilities")
+    B, Tq, H, D = q.shape
+    Tk, G = k.shape[1], k.shape[2]
+    if H % G:
+        raise ValueError(f"query heads H={H} must be a multiple of key/value heads G={G}")
+    scale = D ** -0.5 if softmax_scale is None else softmax_scale
+    kf = k.float().repeat_interleave(H // G, dim=2)  # [B, Tk, H, D]: query head h reads kv head h // (H/G)
+    vf = v.float().repeat_interleave(H // G, dim=2)
+    s = torch.einsum("bihd,bjhd->bhij", q.float(), kf) * scale  # (B, H, Tq, Tk)
+    left, right = window_size
+    right = 0 if causal else right
+    d = (torch.arange(Tq)[:, None] + Tk - Tq) - torch.arange(Tk)[None, :]  # query position - key position
+    see = torch.ones(Tq, Tk, dtype=torch.bool)
+    if left >= 0:
+        see &= d <= left
+    if right >= 0:
+        see &= d >= -right
+    p = s.masked_fill(~see, float("-inf")).softmax(-1)
+    return torch.einsum("bhij,bjhd->bihd", p, vf).to(q.dtype)
+
+
+def refuse_varlen_attention(*args, **kw):
+    """``flash_attn_varlen_func`` (fla's Attention with a padding mask or ``cu_seqlens``): refused."""
+    raise NotImplementedError("the CPU oracle runs unpacked attention without a padding mask: no "
+                              "flash_attn_varlen_func")
+
+
 def rotary_embedding(x, cos, sin, interleaved=False, inplace=False, seqlen_offsets=0, cu_seqlens=None,
                      chunk_indices=None):
     """``rotary_embedding``: ``x: [B, T, H, D]`` rotated with the rows ``offset .. offset + T`` of the
@@ -254,7 +310,12 @@ RULE_KERNELS = {
     ("fla.layers.linear_attn", "fused_recurrent_linear_attn"): linear_attn,
     ("fla.layers.linear_attn", "elu_p1"): elu_p1,
     ("fla.modules.rotary.ops", "rotary_embedding"): rotary_embedding,
+    # absent without flash-attn (fla sets flash_attn_func = None and leaves the other undefined)
+    ("fla.layers.attn", "flash_attn_func"): softmax_attention,
+    ("fla.layers.attn", "flash_attn_varlen_func"): refuse_varlen_attention,
 }
+
+_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -268,7 +329,7 @@ def fla_on_cpu():
     saved = []
 
     def swap(owner, name, new):
-        saved.append((owner, name, getattr(owner, name)))
+        saved.append((owner, name, getattr(owner, name, _ABSENT)))
         setattr(owner, name, new)
 
     try:
@@ -281,7 +342,17 @@ def fla_on_cpu():
         yield
     finally:
         for owner, name, old in reversed(saved):
-            setattr(owner, name, old)
+            if old is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, old)
 
 
-__all__ = ["fla_on_cpu", "recurrence", "l2norm"]
+def build(model_class, config):
+    """``model_class(config)`` built inside `fla_on_cpu`: fla's ``Attention`` (a hybrid config's
+    ``attn`` layers) refuses to be constructed without flash-attn's ``flash_attn_func``."""
+    with fla_on_cpu():
+        return model_class(config)
+
+
+__all__ = ["fla_on_cpu", "build", "recurrence", "softmax_attention", "l2norm"]
