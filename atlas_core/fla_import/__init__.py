@@ -15,7 +15,8 @@ checkpoints"). The model becomes
 (`atlas_core.layer.LayerParams`), with fla's weights, so its logits equal fla's model on the same
 ids (float32). fla's hybrid configs (``attn = {layers = [...], num_heads, ...}``: softmax attention
 in place of the memory layer of the listed layers) become ``core:lm`` attention blocks
-(``[model] layers``, ``[model.attention]``). ``OUT`` is a run directory with one checkpoint (step 0) that ``atlas generate``,
+(``[model] layers``, ``[model.attention]``: `attention_for`); grouped value heads (``num_v_heads``,
+a multiple of ``num_heads``) become ``[layer] value_heads``. ``OUT`` is a run directory with one checkpoint (step 0) that ``atlas generate``,
 ``atlas eval --task ...``, ``atlas export-hf`` and `atlas_core.load` accept, decoding with O(1)
 state per token and running under every strategy that accepts the rule.
 

@@ -113,29 +113,47 @@ def delta_net(cfg: dict, issues: list[Issue]) -> Family:
 
 # --- Gated DeltaNet, Gated DeltaProduct, KDA -----------------------------------------------------
 
-def _head_dims(cfg: dict, issues: list[Issue]) -> tuple[int, int, int]:
+def _head_dims(cfg: dict, issues: list[Issue], grouped: bool = True) -> tuple[int, int, int, int]:
+    """``(H, Hv, Dk, Dv)``: fla's q/k heads, value heads (``num_v_heads``, grouped value heads
+    when above ``num_heads``: value head i reads q/k head ``i // (Hv / H)``, as ``[layer]
+    value_heads``), key and value head sizes. ``grouped=False``: the model builds its layers
+    without ``num_v_heads`` whatever the config says (``Hv = H``)."""
     H = cfg["num_heads"]
-    if cfg.get("num_v_heads") not in (None, H):
-        issues.append(Issue("config.num_v_heads", "not supported: grouped value heads (num_v_heads != "
-                            "num_heads); the memory layer has one key per value head", cfg["num_v_heads"],
-                            f"atlas imports num_v_heads = null or {H}"))
+    Hv = cfg.get("num_v_heads") if grouped else None
+    if Hv is None:
+        Hv = H
+    elif type(Hv) is not int or Hv < H or Hv % H:
+        # fla builds num_v_heads below num_heads, but its kernels index value head i's q/k head as
+        # i // (HV // H), a division by zero there
+        issues.append(Issue("config.num_v_heads", f"not supported: grouped value heads must be a positive "
+                            f"multiple of num_heads={H} (each q/k head serves num_v_heads / num_heads value "
+                            "heads)", Hv, f"atlas imports num_v_heads = null or a multiple of {H}"))
+        Hv = H
     Dk = int(cfg.get("head_dim", 256))
-    return H, Dk, int(round(Dk * cfg.get("expand_v", 2.0)))
+    return H, Hv, Dk, int(round(Dk * cfg.get("expand_v", 2.0)))
+
+
+def _value_heads(layer: dict, H: int, Hv: int) -> None:
+    """``[layer] value_heads`` for fla's ``num_v_heads``, set only when grouped (an ungrouped
+    import's spec stays as it was)."""
+    if Hv != H:
+        layer["value_heads"] = Hv
 
 
 def gated_deltanet(cfg: dict, issues: list[Issue]) -> Family:
-    H, Dk, Dv = _head_dims(cfg, issues)
+    H, Hv, Dk, Dv = _head_dims(cfg, issues)
     check(cfg, issues, "conv_bias", False, "the memory layer's short convolution has no bias")
     layer = _common_layer(cfg, Dk, Dv, cfg.get("use_short_conv", True))
+    _value_heads(layer, H, Hv)
     act = cfg.get("output_gate_activation", "swish")
     layer.update(qkv_activation="silu", qk_norm=True, gate_form={"alpha": "mamba2", "theta": "no_bias"},
                  output_gate=("sigmoid" if act == "sigmoid" else "silu") if cfg.get("use_gate", True) else "none",
                  theta_scale=2.0 if cfg.get("allow_neg_eigval", False) else 1.0)
 
     def weights(a: dict, fam: Family) -> dict:
-        out = _qkv_conv(a)  # gate rows: alpha (H), then theta (H)
+        out = _qkv_conv(a)  # gate rows: alpha (Hv), then theta (Hv)
         out["gate_proj.weight"] = torch.cat([a["a_proj.weight"], a["b_proj.weight"]])
-        out["gate_proj.bias"] = torch.cat([a["dt_bias"], torch.zeros(H)])
+        out["gate_proj.bias"] = torch.cat([a["dt_bias"], torch.zeros(Hv)])
         out["gate_A_log.alpha"] = a["A_log"]
         out.update(_out(a, fam, a.get("g_proj.weight")))
         return out
@@ -144,7 +162,12 @@ def gated_deltanet(cfg: dict, issues: list[Issue]) -> Family:
 
 
 def gated_deltaproduct(cfg: dict, issues: list[Issue]) -> Family:
-    H, Dk, Dv = _head_dims(cfg, issues)
+    # fla 0.6.0's GatedDeltaProduct layer takes num_v_heads, but its config class has no such option
+    # and its model builds every layer without it: a num_v_heads in config.json (kept as an extra
+    # attribute) changes nothing in the model, so here neither (value_heads is not set). Were a
+    # later fla to pass it on, the grouped weights would not fit this mapping's shapes and the
+    # import would stop at its shape check, not run a different function.
+    H, _, Dk, Dv = _head_dims(cfg, issues, grouped=False)
     n = int(cfg.get("num_householder", 1))
     forget = cfg.get("use_forget_gate", False)
     layer = _common_layer(cfg, Dk, Dv, cfg.get("use_short_conv", True))
@@ -171,18 +194,19 @@ def gated_deltaproduct(cfg: dict, issues: list[Issue]) -> Family:
 
 
 def kda(cfg: dict, issues: list[Issue]) -> Family:
-    H, Dk, Dv = _head_dims(cfg, issues)
+    H, Hv, Dk, Dv = _head_dims(cfg, issues)
     check(cfg, issues, "safe_gate", False, "the memory layer makes KDA's decay with Mamba-2's gate only")
     check(cfg, issues, "lower_bound", None, "the memory layer makes KDA's decay with Mamba-2's gate only")
     check(cfg, issues, "allow_neg_eigval", False, "KDA's beta is sigmoid(W_b x) here")
     layer = _common_layer(cfg, Dk, Dv, cfg.get("use_short_conv", True))
     layer.update(qkv_activation="silu", qk_norm=True, gate_form={"alpha": "mamba2", "theta": "no_bias"},
                  output_gate="sigmoid", output_gate_bias=True)
+    _value_heads(layer, H, Hv)
 
     def weights(a: dict, fam: Family) -> dict:
-        out = _qkv_conv(a)  # gate rows: alpha (H Dk, per key), then theta (H)
+        out = _qkv_conv(a)  # gate rows: alpha (Hv Dk, per key), then theta (Hv)
         out["gate_proj.weight"] = torch.cat([_low_rank("f_proj", a), a["b_proj.weight"]])
-        out["gate_proj.bias"] = torch.cat([a["dt_bias"], torch.zeros(H)])
+        out["gate_proj.bias"] = torch.cat([a["dt_bias"], torch.zeros(Hv)])
         out["gate_A_log.alpha"] = a["A_log"]
         out.update(_out(a, fam, _low_rank("g_proj", a), a["g_proj.1.bias"]))
         return out
