@@ -4,7 +4,9 @@ perturbed off its init, saved with ``save_pretrained`` and imported through the 
 logits (run on the CPU oracle, tests/fla_oracle/oracle.py: fla's ``Attention`` through
 ``softmax_attention``, GVA through ``recurrence``) within 1e-4 relative in float32, also split into
 calls that carry the state and under a chunked strategy; ``atlas generate --greedy`` continues a
-prompt as fla's model does. Attention layers with different settings are refused by name."""
+prompt as fla's model does; a hybrid with grouped value heads runs ``atlas eval`` and
+``atlas export-hf`` (fla's logits and greedy tokens through transformers). Attention layers with
+different settings are refused by name."""
 
 from __future__ import annotations
 
@@ -128,3 +130,30 @@ def test_attention_specs_with_different_settings_are_refused(second, tmp_path):
     result = invoke("import", tmp_path / "src", tmp_path / "out2")
     assert result.exit_code != 0 and "config.attn" in result.output
     assert not (tmp_path / "out2").exists()
+
+
+def test_eval_and_export_hf_of_a_hybrid_with_grouped_value_heads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    family, over, _, _ = CASES["gdn-gva-attn"]
+    model = fla_model(family, seed=8, **{**over, "attn": {"layers": [1], "num_heads": 4, "num_kv_heads": 2,
+                                                           "window_size": 5}})
+    model.save_pretrained(tmp_path / "src")
+    out = tmp_path / "run"
+    assert invoke("import", tmp_path / "src", out).exit_code == 0
+    result = invoke("--format", "json", "eval", out, "--task", '{use = "mqar", num_pairs = 4, seq_len = 32}',
+                    "--batches", "1", "--batch-size", "4", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert 0.0 <= json.loads(result.output)["accuracy"] <= 1.0
+    result = invoke("export-hf", out, tmp_path / "hf")
+    assert result.exit_code == 0, result.output
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    want = fla_logits(model, ids)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    # Hugging Face's decoding carries the state (the attention's windowed cache included) token by token
+    ids = torch.tensor([[3, 17, 5, 9]])
+    got = hf.generate(ids, max_new_tokens=7, do_sample=False)
+    for _ in range(7):
+        ids = torch.cat([ids, fla_logits(model, ids)[:, -1:].argmax(-1)], 1)
+    assert got.tolist() == ids.tolist()
