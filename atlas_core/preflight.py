@@ -42,6 +42,8 @@ def estimate_params(spec: Any, registry: Any = None) -> int:
     depth = model.get("depth")
     if not isinstance(depth, int) or depth <= _EXTRAPOLATE_ABOVE:
         return _count(data, registry)
+    if model.get("layers") is not None or model.get("moe") is not None:
+        return _by_block_kind(data, registry)
 
     def variant(n: int, layers: list[int] | None) -> int:
         d = {**data, "model": {**model, "depth": n}}
@@ -58,6 +60,36 @@ def estimate_params(spec: Any, registry: Any = None) -> int:
     plain_block = variant(2, [1]) - one
     n_mem = len(layers)
     return outside + n_mem * mem_block + (depth - n_mem) * plain_block
+
+
+def _by_block_kind(data: dict[str, Any], registry: Any) -> int:
+    """``core:lm`` with block kinds (``layers``) or routed experts (``moe``): the blocks differ, so
+    each kind of block (its kind, routed or not) is counted from a one-block build of it, the part
+    outside the blocks from a two-block build of the first kind."""
+    model = data["model"]
+    depth = model["depth"]
+    kinds = list(model.get("layers") or ["memory"] * depth)
+    moe = model.get("moe")
+    routed = [moe is not None and (moe.get("blocks") is None or i + 1 in moe["blocks"]) for i in range(depth)]
+
+    def build(blocks: list[tuple[str, bool]]) -> int:
+        m = {**model, "depth": len(blocks), "layers": [k for k, _ in blocks]}
+        m.pop("memory_layers", None)
+        if "attention" not in m["layers"]:
+            m.pop("attention", None)
+        if moe is not None:
+            chosen = [i + 1 for i, (_, r) in enumerate(blocks) if r]
+            m["moe"] = {**moe, "blocks": chosen} if chosen else None
+            if m["moe"] is None:
+                m.pop("moe")
+        return _count({**data, "model": m}, registry)
+
+    signatures = sorted(set(zip(kinds, routed)))
+    single = {sig: build([sig]) for sig in signatures}
+    first = signatures[0]
+    block_first = build([first, first]) - single[first]
+    outside = single[first] - block_first
+    return outside + sum(single[sig] - outside for sig in zip(kinds, routed))
 
 
 def check_model_size(spec: Any, registry: Any = None, limit_params: int = MAX_PARAMS) -> int:

@@ -27,10 +27,20 @@ def _meta_count(data) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("case", ["all", "some", "mac", "mru", "deep_memory", "untied"])
+@pytest.mark.parametrize("case", ["all", "some", "mac", "mru", "deep_memory", "untied", "hybrid", "hybrid_moe",
+                                  "moe"])
 def test_the_estimate_is_the_count_of_the_built_model(case):
     data = copy.deepcopy(LM)
-    if case == "some":
+    attention = {"heads": 4, "kv_heads": 2, "output_gate": "sigmoid", "qk_norm": "head"}
+    moe = {"experts": 3, "top_k": 2, "hidden": 8, "shared_hidden": 4}
+    if case == "hybrid":  # blocks of three kinds, the pattern repeated
+        data["model"].update(depth=6, layers=["memory", "attention", "mlp"], attention=attention)
+    elif case == "hybrid_moe":
+        data["model"].update(depth=6, layers=["attention", "memory", "memory"], attention=attention,
+                             moe={**moe, "blocks": [2, 3, 6]})
+    elif case == "moe":
+        data["model"].update(moe=moe)
+    elif case == "some":
         data["model"]["memory_layers"] = [1, 3]
     elif case == "mac":
         data["model"].update(arch="titans:mac", depth=4)
