@@ -25,7 +25,8 @@ memory's initial weights, which the layer registers by holding the rule). For an
    of ``gate_proj``: gate, then head, then key dimension);
 5. the rule: ``y, state = rule(q, k, v, gates, state, strategy=runner)``, where ``runner`` is the
    strategy resolved once when the layer is built (no registry lookup or ``supports()`` check
-   per call);
+   per call); with half-precision weights outside autocast (bfloat16 inference), a rule without
+   parameters of its own runs in float32 and its state stays float32;
 6. per-head RMS norm of y (``output_norm``, weight and ``output_norm_eps``), the output gate
    ``y * act(W_o x [+ b_o])`` (``output_gate``: ``"sigmoid"``, ``"silu"`` or ``"none"``; with the
    norm, ``"silu"`` without bias is fla's gated RMSNorm ``RMSNorm(y) * silu(W_g x)``), merge
@@ -290,6 +291,9 @@ class MemoryLayer(nn.Module):
                                    f"{self.d_rule_key} (odd)", True, "make layer.d_key even")])
         self.rule = rule
         rule.bind(Hv, self.d_rule_key, self.d_value)  # one memory per value head
+        # a rule without parameters of its own (a memory that starts at zero) runs in float32 when
+        # the layer's weights are half precision (bf16 inference): its state stays float32
+        self._state_in_float32 = not any(True for _ in rule.parameters())
         # the strategy is resolved and checked once, here; the layer owns the bound runner
         self.runner = rule.runner(strategy, registry)
         self.strategy = self.runner
@@ -454,8 +458,13 @@ class MemoryLayer(nn.Module):
         if self.groups > 1:  # key head i serves value heads i G .. i G + G - 1: [.., H, D] -> [.., Hv, D]
             q, k = q.repeat_interleave(self.groups, dim=-2), k.repeat_interleave(self.groups, dim=-2)
         rule_state = {key[5:]: t for key, t in state.items() if key.startswith("rule.")} or None
-        y, rs = self.rule(q, k, v, gates=self.gates(x), state=rule_state, strategy=self.runner,
-                          **packed)
+        gates = self.gates(x)
+        low = x.dtype in (torch.bfloat16, torch.float16) and not torch.is_autocast_enabled(x.device.type)
+        if low and self._state_in_float32:  # half-precision weights (inference): the memory in float32
+            q, k, v = q.float(), k.float(), v.float()
+            gates = {name: g.float() for name, g in gates.items()}
+        y, rs = self.rule(q, k, v, gates=gates, state=rule_state, strategy=self.runner, **packed)
+        y = y.to(x.dtype)
         new_state.update({f"rule.{key}": t for key, t in rs.items()})
         if self.params.output_norm:
             y = self.out_norm(y)

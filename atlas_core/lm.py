@@ -391,7 +391,7 @@ class LanguageModel(MemoryLM):
         if params.tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def _run(self, ids: torch.Tensor, state: Any, keep_state: bool, cu_seqlens=None):
+    def _run(self, ids: torch.Tensor, state: Any, keep_state: bool, cu_seqlens=None, last: bool = False):
         self.check_ids(ids)
         if state is not None and (not isinstance(state, dict) or len(state.get("blocks", ())) != len(self.blocks)):
             raise ValueError("state must be the state returned by an earlier step() of this model")
@@ -402,11 +402,13 @@ class LanguageModel(MemoryLM):
         for block, st in zip(self.blocks, states):
             x, st = block(x, st, keep_state, **packed)
             new.append(st)
-        logits = self.head(self.norm(x))
+        logits = self.head(self.norm(x[:, -1:] if last else x))
         return logits, ({"blocks": new} if keep_state else None)
 
-    def step(self, ids: torch.Tensor, state: Any = None):
-        return self._run(ids, state, keep_state=True)
+    def step(self, ids: torch.Tensor, state: Any = None, *, last: bool = False):
+        """``(logits, state)`` continuing from ``state``; ``last``: the logits of the last position
+        only (``[B, 1, vocab]``: a prompt's prefill need not compute the rest)."""
+        return self._run(ids, state, keep_state=True, last=last)
 
     def fsdp_units(self) -> list[nn.Module]:
         return list(self.blocks)
