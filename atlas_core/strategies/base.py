@@ -8,10 +8,11 @@ A strategy says how a rule runs over time. It declares what it can run through
 Dispatch (`resolve_strategy`):
 - a strategy named explicitly (``"core:chunkwise"`` or ``{"use": "core:chunkwise", "chunk_size":
   64}``) that refuses the rule is an error that gives its reason;
-- ``"auto"`` (or ``{"use": "auto", "allow": [...]}``) takes the highest-priority strategy that
-  supports the rule among the bundled ones and the third-party ones the user allowed
-  (`atlas_core.strategies.trust`), falling back to ``core:sequential``; the reasons others were
-  passed over are logged at debug level.
+- ``"auto"`` (or ``{"use": "auto", "allow": [...]}``) takes the first strategy that supports the
+  rule in the order of `atlas_core.strategies.trust.ranked`: the bundled ones by priority, then
+  the third-party ones the user allowed, in the user's order (``allow = ["acme", "bundled"]``
+  ranks acme's first; a plugin's own priority never outranks a bundled strategy), falling back to
+  ``core:sequential``; the reasons others were passed over are logged at debug level.
 """
 
 from __future__ import annotations
@@ -102,22 +103,23 @@ def resolve_strategy(rule, value: Any = "auto", registry=None) -> Strategy:
 
 
 def auto_strategy(rule, registry=None, allow=()) -> Strategy:
-    """The strategy ``"auto"`` runs ``rule`` with: the highest-priority bundled or allowed
-    (``allow``, or the environment's `trust.ALLOW_ENV`) strategy that supports it."""
-    from .trust import allowed, announce, env_allowed
+    """The strategy ``"auto"`` runs ``rule`` with: the first that supports it in the order of
+    `trust.ranked` (the bundled strategies by priority, then the allowed third-party ones in the
+    user's order, unless ``allow`` ranks one before the entry ``"bundled"``; ``allow`` is the
+    spec's or call's list, extended by `trust.ALLOW_ENV`), else ``core:sequential``."""
+    from .trust import announce, ranked
 
     reg = registry or _registry()
-    names = set(allow) | env_allowed()
-    comps = sorted(reg.all("strategy"), key=lambda c: (-c.priority, c.name))
-    for comp in comps:
-        if not allowed(comp, names):
-            log.debug("strategy %s passed over: a third-party strategy that is not allowed (add %r to "
-                      "parallel.allow or ATLAS_ALLOW_STRATEGIES)", comp.name, comp.namespace)
-            continue
+    order, passed = ranked(reg.all("strategy"), allow)
+    for comp in passed:
+        log.debug("strategy %s passed over: a third-party strategy that is not allowed (add %r to "
+                  "parallel.allow or ATLAS_ALLOW_STRATEGIES)", comp.name, comp.namespace)
+    for comp, why in order:
         strat = reg.build("strategy", comp.name)
         ok, reason = strat.supports(rule)
         if ok:
-            announce(comp, allow)
+            announce(comp, why)
+            log.debug("strategy %s chosen: %s", comp.name, why)
             return strat.bind(reg)
         log.debug("strategy %s passed over: %s", comp.name, reason)
     return build_strategy("core:sequential", reg).bind(reg)

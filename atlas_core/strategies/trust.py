@@ -1,4 +1,5 @@
-"""Which strategies ``"auto"`` may choose: the bundled ones, and third-party ones the user allowed.
+"""Which strategies ``"auto"`` may choose, and in which order: the bundled ones first, then the
+third-party ones the user allowed, unless the user ranks one before the bundled ones.
 
 A strategy changes how fast a rule runs, never what it computes, but only the conformance kit
 checks that, and training and inference never run the kit. So ``"auto"`` (the strategy of a spec
@@ -10,10 +11,20 @@ the user allowed by namespace (``acme``) or by full name (``acme:chunked``):
 - in the environment: ``ATLAS_ALLOW_STRATEGIES=acme,other:fast`` (comma-separated), for every
   spec and every ``rule(..., strategy="auto")`` call of the process.
 
+Allowing makes a strategy a *candidate*, not a winner: a plugin's own ``priority`` only orders
+the strategies of one allow entry among themselves, never against the bundled ones. The order
+``"auto"`` tries (`ranked`): the entries of the ``allow`` list in the user's order, the spec's
+first and then the environment's, with the bundled strategies (by their priorities,
+`BUNDLED_PRIORITIES` in docs/plugins.md) at the place of the reserved entry ``"bundled"``, or
+before every allowed one when the list has no such entry; ``core:sequential`` last, as the
+fallback. So ``allow = ["acme"]`` lets acme's strategies run the rules no bundled strategy runs,
+and ``allow = ["acme", "bundled"]`` tries acme's first.
+
 Naming a strategy explicitly (``parallel = "acme:chunked"``) always runs it. A third-party
-strategy that ``"auto"`` chooses because it was allowed says so once per process (a warning on
-the ``atlas_core.strategies`` logger), and `describe` names the distribution of any strategy, for
-``atlas spec show``, the saved spec and the ``atlas train`` start line.
+strategy that ``"auto"`` chooses says so once per process, with why (a warning on the
+``atlas_core.strategies`` logger); the strategies passed over are logged at debug level with
+their reasons; and `describe` names the distribution of any strategy, for ``atlas spec show``,
+the saved spec and the ``atlas train`` start line.
 """
 
 from __future__ import annotations
@@ -27,14 +38,22 @@ from ..errors import Issue, SpecError
 
 ALLOW_ENV = "ATLAS_ALLOW_STRATEGIES"
 AUTO_KEYS = ("use", "allow")
+#: the reserved ``allow`` entry that marks where the bundled strategies rank
+BUNDLED = "bundled"
+SEQUENTIAL = "core:sequential"
 
 log = logging.getLogger("atlas_core.strategies")
 _announced: set[str] = set()
 
 
+def env_allow_list() -> tuple[str, ...]:
+    """The entries of `ALLOW_ENV`, in their order."""
+    return tuple(dict.fromkeys(s.strip() for s in os.environ.get(ALLOW_ENV, "").split(",") if s.strip()))
+
+
 def env_allowed() -> set[str]:
     """The namespaces and names allowed by `ALLOW_ENV`."""
-    return {s.strip() for s in os.environ.get(ALLOW_ENV, "").split(",") if s.strip()}
+    return set(env_allow_list())
 
 
 def is_auto(value: Any) -> bool:
@@ -57,8 +76,51 @@ def auto_allow(value: Any, path: str = "parallel") -> tuple[str, ...]:
     if isinstance(allow, str) or not isinstance(allow, (list, tuple)) or not all(
             isinstance(a, str) and a for a in allow):
         raise SpecError([Issue(f"{path}.allow", "must be a list of plugin namespaces or strategy names",
-                               allow, 'e.g. allow = ["acme"] or allow = ["acme:chunked"]')])
+                               allow, 'e.g. allow = ["acme"], allow = ["acme:chunked"], or '
+                               'allow = ["acme", "bundled"] to try acme before the bundled strategies')])
     return tuple(allow)
+
+
+def allow_list(allow: Iterable[str] = ()) -> tuple[str, ...]:
+    """The ordered entries ``"auto"`` ranks by: ``allow`` (the spec's or the call's), then the
+    entries of `ALLOW_ENV` it does not already have."""
+    return tuple(dict.fromkeys([*allow, *env_allow_list()]))
+
+
+def ranked(components: Iterable[Any], allow: Iterable[str] = ()) -> tuple[list[tuple[Any, str]], list[Any]]:
+    """The strategies ``"auto"`` tries, in order, each with why it ranks there, and the
+    third-party ones it passes over (not allowed). ``core:sequential`` is not among them: it is
+    the fallback. Order: the entries of `allow_list` in the user's order; the bundled strategies
+    (by their declared priority) at the place of the entry `BUNDLED`, or first; within one entry,
+    by declared priority then name. A third-party ``priority`` never outranks a bundled strategy."""
+    entries = allow_list(allow)
+    where_bundled = entries.index(BUNDLED) if BUNDLED in entries else -1
+    order, passed = [], []
+    for comp in components:
+        if comp.name == SEQUENTIAL:
+            continue
+        if bundled(comp):
+            order.append(((where_bundled, -comp.priority, comp.name), comp, "bundled"))
+            continue
+        hits = [i for i, e in enumerate(entries) if e in (comp.name, comp.namespace)]
+        if not hits:
+            passed.append(comp)
+            continue
+        i = hits[0]
+        place = ("before the bundled strategies" if i < where_bundled else
+                 "after the bundled strategies (none of them runs this rule)")
+        order.append(((i, -comp.priority, comp.name), comp, f"allowed by {_by(comp, entries, allow)}, "
+                      f"ranked {place}"))
+    order.sort(key=lambda item: item[0])
+    return [(comp, why) for _, comp, why in order], passed
+
+
+def _by(component: Any, entries: tuple[str, ...], allow: Iterable[str]) -> str:
+    """Where ``component`` is allowed: ``allow = ['acme', 'bundled']`` or ``ATLAS_ALLOW_STRATEGIES=acme``."""
+    spec = tuple(allow)
+    if any(e in (component.name, component.namespace) for e in spec):
+        return f"allow = {list(spec)!r}"
+    return f"{ALLOW_ENV}={os.environ.get(ALLOW_ENV, '')}"
 
 
 def bundled(component: Any) -> bool:
@@ -86,18 +148,14 @@ def describe(component: Any) -> str:
     return f"{component.name} ({p.distribution} {p.version}{third})"
 
 
-def announce(component: Any, allow: Iterable[str] = ()) -> None:
-    """Say once per process that ``"auto"`` chose an allowed third-party strategy (``allow``: the
-    spec's or the call's list; else `ALLOW_ENV` allowed it)."""
+def announce(component: Any, why: str) -> None:
+    """Say once per process that ``"auto"`` chose an allowed third-party strategy, and why
+    (`ranked`'s reason: where it was allowed and where it ranks)."""
     if bundled(component) or component.name in _announced:
         return
     _announced.add(component.name)
-    names = set(allow)
-    by = next((n for n in (component.name, component.namespace) if n in names), None)
-    where = f"allow = [{by!r}]" if by else f"{ALLOW_ENV}={os.environ.get(ALLOW_ENV, '')}"
-    log.warning('parallel "auto" chose the third-party strategy %s, allowed by %s; the '
-                "conformance kit certifies it only in its own package's checks",
-                describe(component), where)
+    log.warning('parallel "auto" chose the third-party strategy %s, %s; the conformance kit '
+                "certifies it only in its own package's checks", describe(component), why)
 
 
 def _strategy_component(parallel: Any, registry: Any = None) -> Any:

@@ -3,13 +3,15 @@
 With atlas-acme-greedy installed (``greedy:zeros``: claims every rule at priority 1000, returns
 zeros): ``"auto"`` on every bundled preset computes what ``core:sequential`` computes, and no rule
 or spec resolves to it; naming it runs it; allowing its namespace (in the spec or in the
-environment) makes ``"auto"`` choose it, says so once, and the spec and start line name it with
-its distribution.
+environment) makes it a candidate after the bundled strategies (the default spec still runs
+core:exact_chunk), ranking it before ``"bundled"`` makes ``"auto"`` choose it; either says so
+once, with why, and the spec and start line name it with its distribution.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,8 @@ from atlas_core.spec.memory import resolve_memory
 from atlas_core.strategies import trust
 from atlas_core.strategies.base import resolve_strategy
 from atlas_core.testing import inputs as I
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bundled(host, kind="rule"):
@@ -67,27 +71,88 @@ def test_naming_it_explicitly_runs_it(greedy):
     assert not issues and table["parallel"] == {"use": "greedy:zeros"}
 
 
-def test_allowing_its_namespace_in_the_spec_lets_auto_choose_it_and_says_so_once(greedy, caplog):
+def test_allowing_its_namespace_makes_it_a_candidate_not_a_winner(greedy, caplog):
+    # priority 1000 does not outrank the bundled strategies: the delta rule stays core:exact_chunk
+    caplog.set_level(logging.WARNING, logger="atlas_core.strategies")
+    issues = []
+    table = resolve_memory({"use": "zoo:deltanet", "parallel": {"use": "auto", "allow": ["greedy"]}},
+                           greedy.registry, issues)
+    assert not issues and table["parallel"]["use"] == "core:exact_chunk"
+    # ... and it runs the rules no bundled strategy runs (a per-token transition: RWKV-7)
+    table = resolve_memory({"use": "zoo:rwkv7", "parallel": {"use": "auto", "allow": ["greedy"]}},
+                           greedy.registry, issues)
+    assert not issues and table["parallel"] == {"use": "greedy:zeros"}
+    said = [r.getMessage() for r in caplog.records if "third-party strategy" in r.getMessage()]
+    assert len(said) == 1, said
+    assert ("greedy:zeros (atlas-acme-greedy 0.1.0, third-party), allowed by allow = ['greedy'], "
+            "ranked after the bundled strategies (none of them runs this rule)") in said[0]
+    # without the allow entry, core:sequential runs it
+    assert resolve_memory({"use": "zoo:rwkv7"}, greedy.registry, issues)["parallel"] == {"use": "core:sequential"}
+
+
+def test_ranking_it_before_the_bundled_ones_lets_auto_choose_it_and_says_so_once(greedy, caplog):
     caplog.set_level(logging.WARNING, logger="atlas_core.strategies")
     for _ in range(2):
         issues = []
-        table = resolve_memory({"use": "zoo:deltanet", "parallel": {"use": "auto", "allow": ["greedy"]}},
+        table = resolve_memory({"use": "zoo:deltanet",
+                                "parallel": {"use": "auto", "allow": ["greedy", "bundled"]}},
                                greedy.registry, issues)
         assert not issues and table["parallel"] == {"use": "greedy:zeros"}
     said = [r.getMessage() for r in caplog.records if "third-party strategy" in r.getMessage()]
     assert len(said) == 1, said
     assert "greedy:zeros (atlas-acme-greedy 0.1.0, third-party)" in said[0]
-    assert "allowed by allow = ['greedy']" in said[0]
+    assert "allowed by allow = ['greedy', 'bundled'], ranked before the bundled strategies" in said[0]
+    # the user's order decides: "bundled" first is the default order
+    issues = []
+    table = resolve_memory({"use": "zoo:deltanet", "parallel": {"use": "auto", "allow": ["bundled", "greedy"]}},
+                           greedy.registry, issues)
+    assert not issues and table["parallel"]["use"] == "core:exact_chunk"
+
+
+def test_the_ranking_orders_the_bundled_by_priority_and_the_allowed_by_the_users_order(greedy):
+    comps = list(greedy.registry.all("strategy"))
+    order, passed = trust.ranked(comps, ())
+    names = [c.name for c, _ in order]
+    assert "core:sequential" not in names and [c.name for c in passed] == ["greedy:zeros"]
+    assert names == sorted(names, key=lambda n: -greedy.registry.get("strategy", n).priority)
+    assert names.index("core:chunkwise") < names.index("core:exact_chunk")  # 10 before 5
+    order, passed = trust.ranked(comps, ("greedy",))
+    assert not passed and order[-1][0].name == "greedy:zeros"
+    order, _ = trust.ranked(comps, ("greedy:zeros", "bundled"))
+    assert order[0][0].name == "greedy:zeros"
 
 
 def test_allowing_it_in_the_environment(greedy, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="atlas_core.strategies")
-    monkeypatch.setenv(trust.ALLOW_ENV, "greedy:zeros")
     rule = build_rule("zoo:deltanet", heads=2, d_key=4, d_value=4).to(torch.float64)
+    monkeypatch.setenv(trust.ALLOW_ENV, "greedy:zeros")
+    assert rule.runner("auto").name == "core:exact_chunk"  # a candidate
+    rule = build_rule("zoo:deltanet", heads=2, d_key=4, d_value=4).to(torch.float64)
+    monkeypatch.setenv(trust.ALLOW_ENV, "greedy:zeros,bundled")  # ranked first
     y, _ = _call(rule, "auto")
     assert not y.any()
     said = [r.getMessage() for r in caplog.records if "third-party strategy" in r.getMessage()]
-    assert len(said) == 1 and f"{trust.ALLOW_ENV}=greedy:zeros" in said[0]
+    assert len(said) == 1 and f"allowed by {trust.ALLOW_ENV}=greedy:zeros,bundled" in said[0]
+
+
+def test_the_default_spec_runs_exact_chunk_unless_the_user_ranks_the_allowed_strategy_first(greedy, monkeypatch):
+    """The issue's bar: a third-party strategy declaring priority 1000, allowed by namespace, does
+    not displace core:exact_chunk from `atlas train`'s default spec."""
+    from atlas_core.spec import load_spec
+
+    assert greedy.registry.get("strategy", "greedy:zeros").priority == 1000
+    default = ROOT / "examples" / "mqar_default.toml"
+    monkeypatch.setenv(trust.ALLOW_ENV, "greedy")
+    assert load_spec(default).memory["parallel"]["use"] == "core:exact_chunk"
+    text = default.read_text().replace('use = "zoo:deltanet"',
+                                       'use = "zoo:deltanet"\nparallel = { use = "auto", allow = ["greedy"] }')
+    assert 'allow = ["greedy"]' in text
+    monkeypatch.delenv(trust.ALLOW_ENV)
+    assert load_spec(text).memory["parallel"]["use"] == "core:exact_chunk"
+    ranked_first = text.replace('allow = ["greedy"]', 'allow = ["greedy", "bundled"]')
+    assert load_spec(ranked_first).memory["parallel"] == {"use": "greedy:zeros"}
+    monkeypatch.setenv(trust.ALLOW_ENV, "greedy,bundled")
+    assert load_spec(default).memory["parallel"] == {"use": "greedy:zeros"}
 
 
 @pytest.mark.parametrize("bad, path", [
@@ -108,7 +173,8 @@ def test_the_resolved_spec_names_the_strategy_and_its_distribution(greedy):
     spec = load_spec(dict(SPEC, memory={"use": "zoo:deltanet"}))
     head = spec.to_toml().splitlines()[:2]
     assert head[1].startswith("# parallel: core:exact_chunk (") and "third-party" not in head[1], head
-    allowed = load_spec(dict(SPEC, memory={"use": "zoo:deltanet", "parallel": {"use": "auto", "allow": ["greedy"]}}))
+    allowed = load_spec(dict(SPEC, memory={"use": "zoo:deltanet",
+                                           "parallel": {"use": "auto", "allow": ["greedy", "bundled"]}}))
     assert "# parallel: greedy:zeros (atlas-acme-greedy 0.1.0, third-party)" in allowed.to_toml()
     assert load_spec(allowed.to_toml()) == allowed  # the saved spec names it: it rebuilds the same
 

@@ -54,7 +54,7 @@ def test_spec_show_and_the_train_start_line_name_the_strategy(greedy, tmp_path, 
     assert "# parallel: core:exact_chunk (" in shown.stdout and "greedy" not in shown.stdout
     allowed = tmp_path / "allowed.toml"
     allowed.write_text(dump_toml(dict(SPEC, memory={"use": "zoo:deltanet",
-                                                    "parallel": {"use": "auto", "allow": ["greedy"]}})))
+                                                    "parallel": {"use": "auto", "allow": ["greedy", "bundled"]}})))
     caplog.set_level(logging.WARNING, logger="atlas_core.strategies")
     res = invoke("train", allowed, "--out", tmp_path / "run", "--no-progress")
     assert res.exit_code == 0, res.output[-3000:]
@@ -71,7 +71,7 @@ def test_spec_show_json_names_the_strategy_and_its_distribution(greedy, tmp_path
     plain, allowed = tmp_path / "plain.toml", tmp_path / "allowed.toml"
     plain.write_text(dump_toml(SPEC))
     allowed.write_text(dump_toml(dict(SPEC, memory={"use": "zoo:deltanet",
-                                                    "parallel": {"use": "auto", "allow": ["greedy"]}})))
+                                                    "parallel": {"use": "auto", "allow": ["greedy", "bundled"]}})))
     shown = {}
     for name, path in (("plain", plain), ("allowed", allowed)):
         res = invoke("--format", "json", "spec", "show", path)
