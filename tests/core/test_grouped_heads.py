@@ -134,12 +134,12 @@ def duplicate_qk(grouped: torch.nn.Module, ungrouped: torch.nn.Module) -> None:
     ungrouped.load_state_dict(sd)
 
 
-def _qk_grad_of_grouped(grads: dict, layer: MemoryLayer, prefix: str = "") -> dict:
+def _qk_grad_of_grouped(grads: dict, layer: MemoryLayer) -> dict:
     """The ungrouped model's q/k gradients summed over each group: the grouped model's."""
     out = dict(grads)
     G, H, n = layer.groups, layer.heads, layer.steps
     for name, steps in (("q_proj", 1), ("k_proj", n), ("q_conv", 1), ("k_conv", n)):
-        key = f"{prefix}{name}.weight"
+        key = f"{name}.weight"
         out[key] = grads[key].unflatten(0, (steps, H, G, -1)).sum(2).flatten(0, 2)
     return out
 
