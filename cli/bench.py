@@ -97,6 +97,7 @@ def _human(data: dict[str, Any]) -> None:
 
 
 def bench(
+    ctx: typer.Context,
     rules: Annotated[str, typer.Option(help="comma-separated rules: titans, titans_deep, omega16, "
                                        "atlas, atlas_linear, delta, titans_deep_layer, decode")] =
         "titans,titans_deep,omega16,atlas,delta,titans_deep_layer,decode",
@@ -140,7 +141,10 @@ def bench(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="also write the JSON here")] = None,
     fmt: FormatOption = None,
 ) -> None:
-    """Time and peak memory against sequence length, every strategy side by side."""
+    """Time and peak memory against sequence length, every strategy side by side
+    (`atlas bench inference`: decoding and prefill at published sizes)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from atlas_core.bench import BenchConfig, run_bench
     from atlas_core.bench.device import DeviceError, resolve_device
     from atlas_core.bench.runner import device_defaults
@@ -186,5 +190,10 @@ def bench(
 
 
 def register(app: typer.Typer) -> None:
-    """Mount ``atlas bench`` on the root app."""
-    app.command("bench", epilog=EPILOG)(bench)
+    """Mount ``atlas bench`` (and ``atlas bench inference``) on the root app."""
+    from .bench_inference import register as register_inference
+
+    group = typer.Typer(invoke_without_command=True, no_args_is_help=False)
+    group.callback(invoke_without_command=True, epilog=EPILOG)(bench)
+    register_inference(group)
+    app.add_typer(group, name="bench")
