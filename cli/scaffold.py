@@ -1,14 +1,19 @@
-"""``atlas plugins new NAME [--dir DIR]``: a plugin package that installs and passes the kit.
+"""``atlas plugins new NAMESPACE [--dist DIST] [--dir DIR]``: a plugin package that installs and
+passes the kit.
 
-    atlas plugins new acme              # ./atlas-acme/
+    atlas plugins new acme                      # ./atlas-acme/: distribution atlas-acme, import atlas_acme
+    atlas plugins new mesa --dist acme-mesa     # ./acme-mesa/: distribution acme-mesa, import acme_mesa
     pip install -e ./atlas-acme
     pytest atlas-acme/tests             # the conformance test it ships with passes as generated
     atlas check acme
 
-The package has a pyproject with the entry point (``atlas_core.plugins: NAME``), an entry module
-that registers one component (a bias ``NAME:scaled_l2`` with a param and a declared reduction)
-lazily, and a conformance test written with `atlas_core.testing`. Edit from there; docs/plugins.md
-walks through the same steps on the atlas-miras package.
+The namespace (the entry point's name: components are ``NAMESPACE:*``) and the distribution (the
+name pip installs, and the folder) are separate: ``--dist`` defaults to ``atlas-NAMESPACE``; the
+import package is the distribution's name with ``-`` and ``.`` as ``_``. The package has a
+pyproject with the entry point (``atlas_core.plugins: NAMESPACE``), an entry module that registers
+one component (a bias ``NAMESPACE:scaled_l2`` with a param and a declared reduction) lazily, and a
+conformance test written with `atlas_core.testing`. Edit from there; docs/plugins.md walks
+through the same steps on the atlas-miras package.
 
 Mounting: `register(app)` adds ``new`` to the ``plugins`` group (``plugins_app.command("new",
 epilog=EPILOG)(new)``).
@@ -25,10 +30,16 @@ import typer
 
 from .common import FormatOption, emit, examples, out_console
 
-EPILOG = examples("atlas plugins new acme", "atlas plugins new acme --dir ~/src")
+EPILOG = examples("atlas plugins new acme", "atlas plugins new mesa --dist acme-mesa",
+                  "atlas plugins new acme --dir ~/src")
 # used with fullmatch: `$` also matches before a final newline, which "acme\n" would pass
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
+# a distribution name (PEP 508), lowercase: letters, digits, and - _ . between them
+_DIST = re.compile(r"[a-z0-9](?:[a-z0-9._-]*[a-z0-9])?")
 RESERVED = {"core", "atlas", "test", "tests"}
+# import names a plugin must not take: the project's own, and generic ones (docs/plugins.md step 1)
+RESERVED_PACKAGES = {"atlas_core", "atlas_cli", "atlas_plugins", "plugins", "cli", "tests", "test",
+                     "src", "torch"}
 
 PYPROJECT = """\
 [build-system]
@@ -153,8 +164,9 @@ Use it in a spec: `bias = {{ use = "{name}:scaled_l2", scale = 0.5 }}`.
 """
 
 
-def scaffold(name: str, directory: Path) -> tuple[Path, list[Path]]:
-    """Write the package; returns (its folder, the files written). Refuses to overwrite."""
+def package_names(name: str, dist: str | None = None) -> tuple[str, str]:
+    """(distribution, import package) of a plugin with namespace ``name``: ``dist`` (default
+    ``atlas-NAME``) checked, and its import name (``-`` and ``.`` as ``_``)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise ValueError(
             f"plugin name {name!r} must be a lowercase identifier (letters, digits, underscores, "
@@ -162,8 +174,24 @@ def scaffold(name: str, directory: Path) -> tuple[Path, list[Path]]:
         )
     if name in RESERVED:
         raise ValueError(f"plugin name {name!r} is reserved; choose another, e.g. '{name}_rules'")
-    dist = "atlas-" + name.replace("_", "-")
-    pkg = f"atlas_{name}"
+    dist = "atlas-" + name.replace("_", "-") if dist is None else dist
+    if not isinstance(dist, str) or not _DIST.fullmatch(dist):
+        raise ValueError(f"distribution name {dist!r} must be lowercase letters and digits, with "
+                         "'-', '_' or '.' between them, e.g. 'acme-mesa'")
+    pkg = re.sub(r"[-.]+", "_", dist)
+    if not pkg.isidentifier() or keyword.iskeyword(pkg) or pkg[0].isdigit():
+        raise ValueError(f"distribution name {dist!r} gives the import name {pkg!r}, which is not a "
+                         "Python identifier; start it with a letter, e.g. 'acme-mesa'")
+    if pkg in RESERVED_PACKAGES:
+        raise ValueError(f"distribution name {dist!r} gives the generic import name {pkg!r}; use your "
+                         f"own, e.g. 'acme-{name.replace('_', '-')}'")
+    return dist, pkg
+
+
+def scaffold(name: str, directory: Path, dist: str | None = None) -> tuple[Path, list[Path]]:
+    """Write the package of namespace ``name`` and distribution ``dist`` (default
+    ``atlas-NAME``); returns (its folder, the files written). Refuses to overwrite."""
+    dist, pkg = package_names(name, dist)
     root = Path(directory).expanduser() / dist
     if root.exists() and any(root.iterdir()):
         raise ValueError(f"{root} exists and is not empty; pass another --dir or remove it")
@@ -184,8 +212,11 @@ def scaffold(name: str, directory: Path) -> tuple[Path, list[Path]]:
 
 def new(
     name: Annotated[str, typer.Argument(help="the plugin's namespace, e.g. acme (components acme:*)")],
+    dist: Annotated[Optional[str], typer.Option(
+        "--dist", help="the distribution's name (what pip installs, and the folder), e.g. acme-mesa; "
+        "the import package is it with - as _ (default: atlas-NAME)")] = None,
     directory: Annotated[Optional[Path], typer.Option(
-        "--dir", help="where to create atlas-NAME/ (default: the current directory)")] = None,
+        "--dir", help="where to create the package's folder (default: the current directory)")] = None,
     fmt: FormatOption = None,
 ) -> None:
     """Create a plugin package: pyproject with the entry point, a component, a conformance test."""
@@ -197,10 +228,13 @@ def new(
             f"namespace {name!r} is already provided by {rec.distribution} ({rec.module}); two plugins "
             "cannot share a namespace, choose another name"
         )
-    root, files = scaffold(name, directory or Path.cwd())
+    root, files = scaffold(name, directory or Path.cwd(), dist)
+    dist, pkg = package_names(name, dist)
     data = {
         "path": str(root),
         "namespace": name,
+        "distribution": dist,
+        "package": pkg,
         "files": [str(p.relative_to(root)) for p in files],
         "next": [f"pip install -e {root}", f"pytest {root / 'tests'}", f"atlas check {name}"],
     }

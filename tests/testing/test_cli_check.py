@@ -115,3 +115,30 @@ def test_plugins_new_refuses_bad_names(app, tmp_path, name, message):
     res = _run(app, "plugins", "new", name, "--dir", str(tmp_path))
     assert res.exit_code == 1 and message in res.output
     assert not any(tmp_path.iterdir())
+
+
+def test_plugins_new_takes_a_distribution_name_apart_from_the_namespace(app, tmp_path):
+    res = _run(app, "plugins", "new", "mesa", "--dist", "acme-mesa", "--dir", str(tmp_path), "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    root = tmp_path / "acme-mesa"
+    assert (data["path"], data["namespace"], data["distribution"], data["package"]) == (
+        str(root), "mesa", "acme-mesa", "acme_mesa")
+    assert "src/acme_mesa/plugin.py" in data["files"]
+    pyproject = (root / "pyproject.toml").read_text()
+    assert 'name = "acme-mesa"' in pyproject and 'mesa = "acme_mesa.plugin"' in pyproject
+    plugin = (root / "src" / "acme_mesa" / "plugin.py").read_text()
+    assert '"acme_mesa.scaled_l2:build"' in plugin
+    assert 'Case("mesa:scaled_l2"' in (root / "tests" / "test_conformance.py").read_text()
+
+
+@pytest.mark.parametrize("dist, message", [
+    ("Acme-Mesa", "must be lowercase letters and digits"),
+    ("acme-", "must be lowercase letters and digits"),
+    ("9-mesa", "is not a Python identifier"),
+    ("plugins", "generic import name 'plugins'"),
+])
+def test_plugins_new_refuses_bad_distribution_names(app, tmp_path, dist, message):
+    res = _run(app, "plugins", "new", "mesa", "--dist", dist, "--dir", str(tmp_path))
+    assert res.exit_code == 1 and message in res.output, res.output
+    assert not any(tmp_path.iterdir())
