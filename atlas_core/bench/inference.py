@@ -35,6 +35,8 @@ from typing import Any, Callable
 
 import torch
 
+from .device import cpu_name
+
 WORKER = "atlas_core.bench.inference_worker"
 CACHE = Path(os.environ.get("ATLAS_BENCH_CACHE", Path.home() / ".cache" / "atlas-bench"))
 
@@ -189,7 +191,7 @@ def run(configs: list[str], dtypes: list[str], *, prefill: list[int], decode: in
     for row in rows:
         row["equivalent"] = row["config"] not in bad
     return {"machine": {"read_gbs": bw, "threads": threads, "torch": torch.__version__,
-                        "cpu": _cpu_name()}, "rows": rows, "equivalence": checks}
+                        "cpu": cpu_name()}, "rows": rows, "equivalence": checks}
 
 
 def _llama(binary: str, hf_dir: str, dtype: str, prefill: list[int], decode: int, threads: int,
@@ -212,16 +214,6 @@ def _llama(binary: str, hf_dir: str, dtype: str, prefill: list[int], decode: int
         out["decode_tok_s"] = r["decode_tok_s"]
         out["llama_cpp"] = r.get("build", "")
     return out
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def _line(row: dict[str, Any]) -> str:
