@@ -20,16 +20,26 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _rss_gib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / (1 << 20)
+def _status(key: str) -> float:
+    """A ``/proc/self/status`` figure in GiB (0 where there is none)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
     return 0.0
 
 
+def _rss_gib() -> float:
+    return _status("VmRSS")
+
+
 def _peak_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+    """This process's peak resident memory: ``VmHWM`` (``ru_maxrss`` keeps the parent's peak across
+    the exec that started this process), else ``ru_maxrss``."""
+    return _status("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
 
 
 def make_hf(job: dict[str, Any]) -> dict[str, Any]:
