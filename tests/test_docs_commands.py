@@ -97,20 +97,34 @@ def _doc_spec(doc: str) -> str:
     block = re.search(r"^```toml\n(.*?)^```", text, re.S | re.M).group(1)
     return block.replace('"tokenizer.json"', '"setup-tok.json"')
 
-# docs/plugins.md's strategy example "installed" in the sandbox: its python blocks that start
-# with "# src/atlas_acme_chunks/<file>.py" become that package, with a dist-info naming the entry
-# point (`atlas check acme_chunks` in the doc then certifies it)
-_INSTALL_STRATEGY_EXAMPLE = (
-    "import pathlib, re\n"
-    "doc = pathlib.Path('docs/plugins.md').read_text()\n"
-    "blocks = re.findall(r'```python\\n# src/atlas_acme_chunks/(\\w+\\.py)\\n(.*?)```', doc, re.S)\n"
-    "assert len(blocks) == 2, [b[0] for b in blocks]\n"
-    "pkg = pathlib.Path('atlas_acme_chunks'); pkg.mkdir()\n"
-    "(pkg / '__init__.py').write_text('')\n"
-    "for name, code in blocks: (pkg / name).write_text(code)\n"
-    "info = pathlib.Path('atlas_acme_chunks-0.1.0.dist-info'); info.mkdir()\n"
-    "(info / 'METADATA').write_text('Metadata-Version: 2.1\\nName: atlas-acme-chunks\\nVersion: 0.1.0\\n')\n"
-    "(info / 'entry_points.txt').write_text('[atlas_core.plugins]\\nacme_chunks = atlas_acme_chunks.plugin\\n')\n"
+
+def _install_doc_package(package: str, dist: str, namespace: str, files: list[str]) -> str:
+    """A script that "installs" a package docs/plugins.md writes out in the sandbox: its python
+    blocks that start with ``# src/<package>/<file>.py`` become that package (``files`` in the
+    doc's order), with a dist-info naming the entry point (the doc's `atlas check` lines then
+    certify it)."""
+    return (
+        "import pathlib, re\n"
+        "doc = pathlib.Path('docs/plugins.md').read_text()\n"
+        f"blocks = re.findall(r'```python\\n# src/{package}/(\\w+\\.py)\\n(.*?)```', doc, re.S)\n"
+        f"assert [b[0] for b in blocks] == {files!r}, [b[0] for b in blocks]\n"
+        f"pkg = pathlib.Path('{package}'); pkg.mkdir()\n"
+        "(pkg / '__init__.py').write_text('')\n"
+        "for name, code in blocks: (pkg / name).write_text(code)\n"
+        f"info = pathlib.Path('{package}-0.1.0.dist-info'); info.mkdir()\n"
+        f"(info / 'METADATA').write_text('Metadata-Version: 2.1\\nName: {dist}\\nVersion: 0.1.0\\n')\n"
+        f"(info / 'entry_points.txt').write_text('[atlas_core.plugins]\\n{namespace} = {package}.plugin\\n')\n"
+    )
+
+
+# the strategy example of "Writing a strategy", and the standalone rule of "Walkthrough: a
+# MesaNet-style least-squares rule" with its "# mesa.toml" spec, which the doc's commands check
+# and train
+_INSTALL_STRATEGY_EXAMPLE = _install_doc_package("atlas_acme_chunks", "atlas-acme-chunks", "acme_chunks",
+                                                 ["plugin.py", "chunked.py"])
+_INSTALL_STANDALONE_EXAMPLE = _install_doc_package("acme_mesa", "acme-mesa", "mesa", ["rule.py", "plugin.py"]) + (
+    "spec = re.search(r'```toml\\n# mesa\\.toml\\n(.*?)```', doc, re.S).group(1)\n"
+    "pathlib.Path('mesa.toml').write_text(spec)\n"
 )
 
 # the reader's own checkpoint directory of the import guide: a small random Qwen3.5 saved by
@@ -138,8 +152,9 @@ SETUP: dict[str, list[str]] = {
                      # run (trains go first) that needs one
                      "atlas tokenizer train corpus.jsonl --vocab-size 300 --out setup-tok.json",
                      f"write corpus.toml {shlex.quote(_doc_spec('docs/data.md'))}"],
-    # the strategy example of "Writing a strategy", which the doc's `atlas check` lines certify
-    "docs/plugins.md": [f"python -c {shlex.quote(_INSTALL_STRATEGY_EXAMPLE)}"],
+    # the strategy example and the standalone rule, which the doc's `atlas check` lines certify
+    "docs/plugins.md": [f"python -c {shlex.quote(_INSTALL_STRATEGY_EXAMPLE)}",
+                        f"python -c {shlex.quote(_INSTALL_STANDALONE_EXAMPLE)}"],
     # the runs the Hugging Face guide exports
     "docs/huggingface.md": [
         "atlas train examples/text_char.toml --steps 2 --out runs/text-char",

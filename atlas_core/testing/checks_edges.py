@@ -28,7 +28,9 @@ and, for a retention with a gated retain factor, in float32 without gradients, a
 high end (alpha = 1: nothing forgotten), under the last strategy variant (a parallel one when one
 runs the rule, else core:sequential). Outputs, final states and the gradients of every input and
 initial-state tensor must be finite; a failure names the case and its batch row. A standalone rule
-(no knobs) gets zero inputs, a repeated first token and inputs x 100.
+(no knobs) gets the same rows for each gate it declares (`Rule.gates`: each end of its range, all
+low, all high; its call passes them as ``gates={...}``), then zero inputs, a repeated first token
+and its other inputs x 100.
 """
 
 from __future__ import annotations
@@ -166,12 +168,6 @@ def _gate_edges(rule) -> list[tuple[str, dict[str, float]]]:
 
 
 def _composed_rows(rule) -> list[tuple[str, Callable[[dict, int], None]]]:
-    def set_gates(values):
-        def apply(flat, r):
-            for name, value in values.items():
-                flat[f"gates.{name}"][r] = value
-        return apply
-
     def zero_qkv(flat, r):
         for key in ("q", "k", "v"):
             flat[key][r] = 0.0
@@ -195,7 +191,7 @@ def _composed_rows(rule) -> list[tuple[str, Callable[[dict, int], None]]]:
 
     # step sizes: gates declared >= 0 without an upper end (theta)
     steps = [g.name for g in rule.gates if g.tested_range() is not None and g.tested_range()[1] is None]
-    rows = [(label, set_gates(values)) for label, values in _gate_edges(rule)]
+    rows = [(label, _set_gates(values)) for label, values in _gate_edges(rule)]
     rows += [("zero q, k and v", zero_qkv), ("one-hot keys and queries", one_hot),
              ("one key repeated at every token", repeated),
              (f"large values and queries (v x {LARGE_V:g}, q x {LARGE_Q:g}"
@@ -203,7 +199,21 @@ def _composed_rows(rule) -> list[tuple[str, Callable[[dict, int], None]]]:
     return rows
 
 
-def _standalone_rows() -> list[tuple[str, Callable[[dict, int], None]]]:
+def _set_gates(values: dict[str, float]) -> Callable[[dict, int], None]:
+    def apply(flat, r):
+        for name, value in values.items():
+            key = f"gates.{name}"
+            if key not in flat:
+                raise Failure(f"the rule declares the gate {name!r} but its call has no gates[{name!r}] "
+                              f"(inputs: {sorted(flat)}); a declared gate is passed as gates={{...}}")
+            flat[key][r] = value
+    return apply
+
+
+def _standalone_rows(rule) -> list[tuple[str, Callable[[dict, int], None]]]:
+    """A standalone rule's rows: each declared gate at each end of its range (as a composed
+    rule's), then zero inputs, a repeated first token and its other inputs x 100 (its gates kept
+    in their range)."""
     def zero(flat, r):
         for x in flat.values():
             x[r] = 0.0
@@ -213,10 +223,13 @@ def _standalone_rows() -> list[tuple[str, Callable[[dict, int], None]]]:
             x[r] = x[r, :1].expand_as(x[r]).clone()
 
     def large(flat, r):
-        for x in flat.values():
-            x[r] *= 100.0
+        for key, x in flat.items():
+            if not key.startswith("gates."):
+                x[r] *= 100.0
 
-    return [("zero inputs", zero), ("the first token repeated", repeated), ("inputs x 100", large)]
+    rows = [(label, _set_gates(values)) for label, values in _gate_edges(rule)]
+    kept = " (its gates kept)" if rule.gates else ""
+    return rows + [("zero inputs", zero), ("the first token repeated", repeated), (f"inputs x 100{kept}", large)]
 
 
 ZERO_ENTRIES = "memory entries exactly zero (a checkerboard of a warm state)"
@@ -256,7 +269,8 @@ def _check_finite(named: dict, labels: list[str], what: str, nums: dict) -> None
     "check_boundary_inputs",
     "on boundary inputs (each gate at each end of its declared range, e.g. alpha = 1, theta = 0, "
     "or of the range its activation implies; "
-    "zero q, k, v; one-hot and repeated keys; large values; memory entries exactly zero) outputs, "
+    "zero q, k, v; one-hot and repeated keys; large values; memory entries exactly zero; for a "
+    "standalone rule each gate it declares at each end, zero, repeated and large inputs) outputs, "
     f"final states and gradients stay finite under every strategy, and so do outputs and states "
     f"over {EDGE_LONG_T} tokens in float32 at the default gates with alpha = 1 (under the "
     "parallel variant when one runs the rule).",
@@ -266,13 +280,13 @@ def check_boundary_inputs(subject) -> None:
     subject.require_buildable()
     rule = subject.build_rule(dtype=torch.float64)
     composed = subject.composed(rule)
-    for g in (rule.gates if composed else ()):
+    for g in rule.gates:  # a composed rule's (its knobs'), or a standalone rule's own
         if g.range is None and g.activation in BOUNDED_ACTIVATIONS:
             lo, hi = g.implied_range()
             subject.warn(f"gate {g.name!r} has a {g.activation} activation but no declared range; the "
                          f"kit tries the ends it implies, {lo:g} and {hi:g}: declare "
                          f"range=({lo:g}, {hi:g}) (docs/plugins.md#gates)")
-    rows = _composed_rows(rule) if composed else _standalone_rows()
+    rows = _composed_rows(rule) if composed else _standalone_rows(rule)
     labels = [label for label, _ in rows] + ([ZERO_ENTRIES] if composed else [])
     R = len(labels)
     variants = subject.run_variants(rule)

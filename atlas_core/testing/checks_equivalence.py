@@ -165,18 +165,34 @@ def check_split_calls(subject) -> None:
 def _loss_and_grads(subject, rule, flat, variant, state, *, reference=False):
     """Gradients of a fixed random projection of (y, final state) w.r.t. every input and state
     tensor that takes part in gradients (`inputs.differentiable`: not an anchor position)."""
+    out, named = forward_leaves(subject, rule, flat, variant, state, reference=reference)
+    return out, grads_of(out, named, variant.reference_title if reference else variant.title)
+
+
+def forward_leaves(subject, rule, flat, variant, state, *, reference=False):
+    """One call on fresh leaves of ``flat`` and ``state``: (its outputs, {name: leaf} of every
+    input and initial-state tensor that takes part in gradients)."""
     x = I.leaves(flat)
     s = I.leaves(state) if state is not None else None
     out = subject.run(rule, x, variant, state=s, reference=reference)
+    named = {**{f"input {k}": t for k, t in x.items() if t.requires_grad},
+             **({f"initial state[{k!r}]": t for k, t in s.items() if t.requires_grad} if s else {})}
+    return out, named
+
+
+def grads_of(out, named, title: str) -> dict:
+    """The gradients of a fixed random projection of ``out`` w.r.t. ``named`` (None where none
+    reaches). A result that carries no gradient at all is a `Failure` naming ``title``."""
     g = torch.Generator().manual_seed(11)
     loss = 0.0
     for key in sorted(out):
         w = torch.randn(out[key].shape, generator=g, dtype=torch.float64).to(out[key])
         loss = loss + (out[key] * w).sum()
-    named = {**{f"input {k}": t for k, t in x.items() if t.requires_grad},
-             **({f"initial state[{k!r}]": t for k, t in s.items() if t.requires_grad} if s else {})}
+    if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+        raise Failure(f"no output carries a gradient under {title}: the strategy or a component "
+                      "detaches its results (.detach(), torch.no_grad(), a tensor built anew)")
     grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True)
-    return out, dict(zip(named, grads))
+    return dict(zip(named, grads))
 
 
 @register(
@@ -215,14 +231,18 @@ def check_gradients_match_reference(subject) -> None:
         flat = subject.inputs(rule)
         _, got = _loss_and_grads(subject, rule, flat, variant, warm)
         _, want = _loss_and_grads(subject, rule, flat, variant, warm, reference=True)
-        for name in want:
-            if (got[name] is None) != (want[name] is None):
-                raise Failure(f"a gradient reaches {name} on one side only", **_nums(subject, variant))
-        keys = [k for k in want if want[k] is not None]
-        tol = CONFIG.tolerance("grad")
-        I.compare({k: got[k] for k in keys}, {k: want[k] for k in keys}, tol,
-                  f"gradients through {variant.title} differ from those through {variant.reference_title}",
-                  **_nums(subject, variant))
+        compare_grads(got, want, f"gradients through {variant.title} differ from those through "
+                      f"{variant.reference_title}", _nums(subject, variant))
+
+
+def compare_grads(got: dict, want: dict, what: str, nums: dict) -> None:
+    """Fail unless the same inputs get a gradient on both sides and the gradients agree to the
+    "grad" tolerance (``what`` heads the message of a difference)."""
+    for name in want:
+        if (got[name] is None) != (want[name] is None):
+            raise Failure(f"a gradient reaches {name} on one side only", **nums)
+    keys = [k for k in want if want[k] is not None]
+    I.compare({k: got[k] for k in keys}, {k: want[k] for k in keys}, CONFIG.tolerance("grad"), what, **nums)
 
 
 TINY = {"B": 1, "T": 3, "H": 1, "Dk": 2, "Dv": 2}

@@ -33,10 +33,12 @@ class RunnableCheck(Check):
 
 def catalogue() -> dict[str, Check]:
     """Every check, in catalogue order (importing the check modules registers them)."""
-    from . import checks_basic, checks_edges, checks_equivalence, checks_longrun, checks_numeric
+    from . import (checks_basic, checks_edges, checks_equivalence, checks_longrun, checks_numeric,
+                   checks_strategy)
 
     found: dict[str, Check] = {}
-    for module in (checks_basic, checks_edges, checks_numeric, checks_longrun, checks_equivalence):
+    for module in (checks_basic, checks_edges, checks_numeric, checks_longrun, checks_equivalence,
+                   checks_strategy):
         for obj in vars(module).values():
             check = getattr(obj, "atlas_check", None)
             if isinstance(getattr(check, "name", None), str) and callable(obj):
@@ -50,7 +52,7 @@ def catalogue() -> dict[str, Check]:
         "check_shapes_and_dtypes",
         "check_causal", "check_strategies_match_sequential", "check_state_carry", "check_split_calls",
         "check_gradients_finite", "check_boundary_inputs", "check_gradients_match_reference",
-        "check_gradcheck_float64",
+        "check_gradcheck_float64", "check_default_chunk_size", "check_strategy_on_every_rule",
         "check_deterministic_seed", "check_bf16_close_to_fp32", "check_long_sequence_stable",
         "check_memory_stays_alive", "check_reductions", "check_backend_matches_reference",
     ]

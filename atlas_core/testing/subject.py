@@ -31,6 +31,12 @@ from .results import RULE_BEARING, Failure, Skip
 KNOBS = ("structure", "bias", "retention", "algorithm", "feature_map")
 KIND_PREFERENCE = ("rule", "strategy", *KNOBS, "backend", "arch", "task")
 CHUNK = 3  # the chunk size of the chunked variants (T = 7 leaves a ragged last chunk)
+#: the chunk size a strategy without a ``chunk_size`` param is run at by check_default_chunk_size
+#: (it may chunk inside: a hidden chunk of up to 64 tokens is then exercised)
+STANDIN_CHUNK = 64
+#: the anchor the rule is rebuilt with for a strategy whose default chunk follows the anchor
+#: (core:chunkwise: the largest divisor of the anchor up to 64): Titans' block of 16 tokens
+STANDIN_ANCHOR = 16
 _NAME = re.compile(r"^[A-Za-z_][\w]*:[\w.\-]+\Z")
 
 
@@ -345,14 +351,15 @@ class Subject:
     def compared_strategies(self) -> list[str]:
         """The strategies a rule or knob is compared under (besides core:sequential): those chosen
         in the kit's config (`KitConfig.chosen_strategies`: names or namespaces), else every
-        bundled one. A third-party strategy is certified by its own package (a `Case` naming
-        it), so that a broken one never fails another component's checks."""
+        bundled one and those of the component's own plugin (its standalone rule's own
+        strategies, say). Another package's strategy is certified by its own package (a `Case`
+        naming it), so that a broken one never fails another component's checks."""
         from atlas_core.strategies.trust import bundled
 
         comps = [c for c in self.registry.all("strategy") if c.name != "core:sequential"]
         chosen = CONFIG.chosen_strategies()
-        if chosen is None:
-            return [c.name for c in comps if bundled(c)]
+        if chosen is None:  # the bundled ones, and the component's own plugin's (one package)
+            return [c.name for c in comps if bundled(c) or c.namespace == self.case.namespace]
         out: list[str] = []
         for entry in chosen:
             hits = [c.name for c in comps if entry in (c.name, c.namespace)]
@@ -432,6 +439,51 @@ class Subject:
             else:
                 left.append(f"{label}: {reason}; on the rule with anchor = {A}: {reason2}")
         return out, left
+
+    def default_variant(self, name: str, params: dict, rule) -> tuple[Variant | None, str]:
+        """The strategy ``name`` at its own default chunk size (``params`` without ``chunk_size``):
+        (the variant, "") or (None, why it was left out). Its chunk ``D`` is what the strategy
+        says it runs the rule with (`Strategy.chunk_for`), else its params' default, else
+        `STANDIN_CHUNK` (a strategy without a chunk size may still chunk inside). A strategy
+        that refuses the rule as given at its default runs on the rule rebuilt with ``anchor =
+        2 D`` (`STANDIN_ANCHOR` where the default follows the anchor, as core:chunkwise's)."""
+        from atlas_core.errors import AtlasError
+
+        comp = self.registry.get("strategy", name)
+        if comp.name == "core:sequential":
+            return None, ""
+        own = {k: v for k, v in params.items() if k != "chunk_size"}
+        spec = {"use": comp.name, **own}
+        model = comp.load_params()
+        declared = getattr(getattr(model, "model_fields", {}).get("chunk_size"), "default", None)
+
+        def build_on(on):
+            try:
+                strat = self.registry.build("strategy", spec)
+            except (AtlasError, ValueError) as exc:
+                return None, f"cannot be built: {exc}"
+            ok, reason = strat.supports(on)
+            return (strat, "") if ok else (None, reason)
+
+        anchor = None
+        strat, reason = build_on(rule)
+        if strat is None and self.composed(rule):
+            A = 2 * (declared if isinstance(declared, int) else STANDIN_ANCHOR // 2)
+            try:
+                anchored = self.with_anchor(rule, A)
+            except (AtlasError, ValueError) as exc:
+                return None, (f"{comp.name} at its default: {reason}; the rule does not rebuild with "
+                              f"anchor = {A}: {exc}")
+            strat, reason2 = build_on(anchored)
+            if strat is None:
+                return None, f"{comp.name} at its default: {reason}; on the rule with anchor = {A}: {reason2}"
+            rule, anchor = anchored, A
+        elif strat is None:
+            return None, f"{comp.name} at its default: {reason}"
+        D = strat.chunk_for(rule) or (declared if isinstance(declared, int) else STANDIN_CHUNK)
+        what = "its default" if isinstance(declared, int) or strat.chunk_for(rule) else "the kit's stand-in"
+        extra = "".join(f", {k}={v}" for k, v in own.items())
+        return Variant(f"{comp.name}(chunk_size={D}{extra}: {what})", spec, int(D), anchor=anchor), ""
 
     def run_variants(self, rule, *, with_sequential: bool = True) -> list[Variant]:
         """The strategies the generic checks run: sequential (unless the subject is another

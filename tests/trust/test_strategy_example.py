@@ -44,17 +44,25 @@ def chunks(tmp_path, monkeypatch):
     manager.reset_host(old)
 
 
-def test_the_example_is_exact_on_every_bundled_preset_and_refuses_a_standalone_rule(chunks):
+def test_the_example_is_exact_on_every_bundled_preset_with_a_chunked_form_and_refuses_the_rest(chunks):
     cases = strategy_cases("acme_chunks:chunked", params={"chunk_size": 3})
     assert len(cases) >= 10 and cases[0].rule["structure"] == "core:linear"
+    ran, refused = [], []
     for case in cases[1:]:
         rule = build_rule(case.rule, heads=2, d_key=4, d_value=4).to(torch.float64)
+        if not rule.form.chunk_forms:  # no exact chunked form: only core:sequential runs it
+            with pytest.raises(StrategyError, match="runs rules with a chunked form; this one has none"):
+                resolve_strategy(rule, "acme_chunks:chunked")
+            refused.append(case.rule)
+            continue
         flat = I.composed_inputs(rule, 2, 8, dtype=torch.float64, device="cpu", seed=3)
         with torch.no_grad():
             y, state = rule(**I.unflatten(flat), strategy={"use": "acme_chunks:chunked", "chunk_size": 3})
             y_ref, state_ref = rule(**I.unflatten(flat), strategy="core:sequential")
         assert torch.allclose(y, y_ref, rtol=0, atol=1e-12), case.rule
         assert all(torch.allclose(state[k], state_ref[k], rtol=0, atol=1e-12) for k in state_ref), case.rule
+        ran.append(case.rule)
+    assert "zoo:rwkv7" in refused and len(ran) >= 10, (ran, refused)
     with pytest.raises(StrategyError, match="runs knob-composed rules; this one is standalone"):
         resolve_strategy(build_rule({"use": "mru:mru"}), "acme_chunks:chunked")
 
@@ -73,6 +81,13 @@ def test_the_hostile_strategy_fails_its_own_certification_as_its_own_failure(gre
                            checks=["check_strategies_match_sequential"])
     assert res.status == "failed" and res.blame == "greedy:zeros@zoo:deltanet"  # the case itself
     assert res.message.startswith("check_strategies_match_sequential [greedy:zeros@zoo:deltanet] failed")
+    # claiming every rule: the first rule of the sweep is the default composition, where its zeros
+    # differ from core:sequential (before any rule without a chunked form comes up)
+    sweep, = check_component(Case("greedy:zeros", rule="zoo:deltanet"), on_fail="collect",
+                             checks=["check_strategy_on_every_rule"])
+    assert sweep.status == "failed" and sweep.blame == "greedy:zeros@zoo:deltanet"
+    assert ("greedy:zeros differs from core:sequential on the default composition: y differs (max abs diff="
+            in sweep.message), sweep.message
 
 
 def test_the_rule_methods_strategies_call_are_public_and_the_old_names_still_work():
