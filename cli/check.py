@@ -8,8 +8,11 @@
 
 Prints a table of passed / failed / xfail / skipped checks with the reason of each (for a passed
 check: the strategies and variants it compared, and its warnings), and exits 1 when any check
-failed. Rules and knobs are compared under the bundled strategies (``--strategy`` chooses others);
-a failure under a third-party strategy is marked as that strategy's. An unknown namespace or
+failed. Rules and knobs are compared under the bundled strategies and their own plugin's
+(``--strategy`` chooses others); a failure under another package's strategy is marked as that
+strategy's. Every strategy of the namespace also runs at its own default chunk size
+(``check_default_chunk_size``) and against every rule the environment has, refusing those with no
+exact chunked form (``check_strategy_on_every_rule``). An unknown namespace or
 component is one line with a suggestion (exit 1); a plugin that failed to import fails its checks
 with that error (plugins are loaded strictly).
 The same checks run under pytest through `atlas_core.testing.parametrize_with_checks`.
