@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import tomllib
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,3 +47,28 @@ def subprocess_env(package: str, where: Path, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(extra)
     return env
+
+
+@contextmanager
+def installed_host(package: str, namespace: str, where: Path, monkeypatch):
+    """The plugin host with ``tests/plugin_pkgs/<package>`` installed (`install_in_process`),
+    loaded strictly, as the process-wide host (the old one comes back afterwards); nothing
+    allowed for ``"auto"`` and the kit comparing under the bundled strategies."""
+    from atlas_core.host import manager
+    from atlas_core.host.manager import PluginHost
+    from atlas_core.strategies import trust
+    from atlas_core.testing.config import CONFIG
+
+    for name in (trust.ALLOW_ENV, "ATLAS_CHECK_STRATEGIES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(trust, "_announced", set())
+    monkeypatch.setattr(CONFIG, "strategies", None)
+    install_in_process(package, where, monkeypatch)
+    old = manager._HOST
+    host = PluginHost(strict=True).load_entry_points()
+    assert host.records[namespace].status == "ok", host.records[namespace].error
+    manager.reset_host(host)
+    try:
+        yield host
+    finally:
+        manager.reset_host(old)

@@ -16,11 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atlas_cli.main import make_app
-from atlas_core.host import manager
-from atlas_core.host.manager import PluginHost
-from atlas_core.strategies import trust
-from atlas_core.testing.config import CONFIG
-from tests.plugin_pkgs.fake_install import install_in_process
+from tests.plugin_pkgs.fake_install import installed_host
 
 BUG_ENV = "ACME_PLANTED_BUG"
 MESA = "planted:mesa(lam=0.5)"
@@ -30,16 +26,9 @@ CHUNKS = "planted:mesa_chunks@{lam=0.5,use=planted:mesa}"
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
     """The host with atlas-acme-planted installed (no bug planted), as the process-wide one."""
-    for name in (BUG_ENV, trust.ALLOW_ENV, "ATLAS_CHECK_STRATEGIES"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(CONFIG, "strategies", None)
-    install_in_process("acme_planted", tmp_path / "site", monkeypatch)
-    old = manager._HOST
-    host = PluginHost(strict=True).load_entry_points()
-    assert host.records["planted"].status == "ok", host.records["planted"].error
-    manager.reset_host(host)
-    yield host
-    manager.reset_host(old)
+    monkeypatch.delenv(BUG_ENV, raising=False)
+    with installed_host("acme_planted", "planted", tmp_path / "site", monkeypatch) as host:
+        yield host
 
 
 def _check(*args: str) -> tuple[int, list[dict]]:
