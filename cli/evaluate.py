@@ -1,7 +1,9 @@
 """``atlas eval CKPT``: loss, accuracy and perplexity of a checkpoint on a task.
 
 ``--task`` is a task name or an inline TOML table; without it the training task is used (see
-`atlas_core.train.inference`). A text task is evaluated on its held-out split.
+`atlas_core.train.inference`). A text task is evaluated on its held-out split. ``--batches``,
+``--batch-size`` and ``--seed`` default to the run's ``eval_batches``, ``batch_size`` and
+``seed``: the rows of the run's own evaluations, so its final figures come out again.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ def evaluate(
     checkpoint: Annotated[str, typer.Argument(help="a checkpoint directory or a run directory (its latest checkpoint)")],
     task: Annotated[Optional[str], typer.Option("--task", help="task name or inline TOML table; default: the training task")] = None,
     seq_len: Annotated[Optional[int], typer.Option("--seq-len", min=2, help="override the task's sequence length")] = None,
-    batches: Annotated[int, typer.Option("--batches", min=1, help="number of batches")] = 8,
-    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="rows per batch")] = 32,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="seed of the evaluation batches")] = 0,
+    batches: Annotated[Optional[int], typer.Option("--batches", min=1, help="number of batches (default: the run's train.eval_batches)", show_default=False)] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="rows per batch (default: the run's train.batch_size)", show_default=False)] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="seed of the evaluation batches (default: the run's train.seed)", show_default=False)] = None,
     device: Annotated[Device, typer.Option("--device", help="auto, cpu or cuda")] = Device.auto,
     fmt: FormatOption = None,
 ) -> None:
@@ -47,5 +49,6 @@ def register(app: typer.Typer) -> None:
         epilog=examples(
             "atlas eval runs/mqar-default",
             "atlas eval runs/mqar-default --task '{use = \"mqar\", num_pairs = 12}' --format json",
+            "atlas eval runs/text-char --task '{use = \"text\", path = \"examples/text_char.txt\"}'",
         ),
     )(evaluate)

@@ -28,10 +28,11 @@ def list_cmd(fmt: FormatOption = None) -> None:
 
     def human(rs):
         from rich.table import Table
+        from rich.text import Text
 
         table = Table("name", "what it is", "cost", show_lines=False)
-        for r in rs:
-            table.add_row(r["name"], r["summary"], r["cost"])
+        for r in rs:  # as plain text: a summary's "[B, T, H]" or "[a | b]" is not rich markup
+            table.add_row(Text(r["name"]), Text(r["summary"]), Text(r["cost"]))
         out_console().print(table)
 
     emit(rows, fmt, human)

@@ -7,7 +7,10 @@ Validation resolves the spec (which builds the memory rule without sizes to run 
 check), then builds the model on the ``meta`` device (shapes only, no memory) so that the checks an
 architecture makes when it is built are reported too: a memory rule it cannot host, sizes a layer
 refuses (an MRU head size that is not a perfect square, a deep memory whose residual cannot add).
-A spec that validates therefore builds. Sizes are bounded (`atlas_core.spec.bounds`), and the
+It then builds the ``[train]`` task as ``atlas train`` does before it starts, reading its data
+files (relative to the working directory, as training does), so a missing or empty corpus, a
+vocabulary the model cannot hold or a sequence length the text cannot fill fails validation with
+the message training gives. A spec that validates therefore builds. Sizes are bounded (`atlas_core.spec.bounds`), and the
 parameter count is checked before the model is built (from builds of one and two blocks; a model
 of more than 64 blocks is checked through those alone). It imports torch but no kernels.
 """
@@ -70,26 +73,25 @@ def validate_file(path: str, overrides: list | None = None) -> dict[str, Any]:
         except SpecError as exc:
             issues += annotate(exc, overrides or []).issues
         except (AtlasError, ValueError) as exc:
-            what = "the model does not build" if fallback == "model" else "the task does not build"
-            issues.append(Issue(fallback, f"{what}: {exc}"))
+            # the task's own message, as `atlas train` prints it; the model's, introduced
+            issues.append(Issue(fallback, str(exc) if fallback == "train.task"
+                                else f"the model does not build: {exc}"))
     row["errors"] = [_issue_dict(i) for i in issues]
     row["ok"] = not issues
     return row
 
 
 def _check_task(spec) -> None:
-    """Build the ``[train]`` task as `atlas train` does (vocabulary, sequence length), unless it
-    reads files: those are read when training starts (and may not be on this machine)."""
+    """Build the ``[train]`` task as `atlas train` does before it starts (`make_plan`): the same
+    call, so the same checks and the same messages: a data file that is missing, empty or not
+    text, a vocabulary larger than the model's, a sequence length the data cannot fill. Files
+    are read relative to the working directory, as training reads them."""
     if spec.train is None:
         return
-    from atlas_core.host.registry import split_use
-    from atlas_core.train.evaluate import build_task, file_params
+    from atlas_core.train.evaluate import build_task
     from atlas_core.train.params import train_params
 
     params = train_params(spec.train)
-    name, _ = split_use(params.task, "train.task")
-    if file_params(name, path="train.task"):
-        return
     build_task(params.task, int(spec.model.get("vocab_size", 0)), params.seq_len)
 
 

@@ -47,6 +47,17 @@ def _save_tokenizer(codec: Any, out: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(out)
 
 
+def _normal_modes(folder: Path) -> None:
+    """Every file of ``folder`` readable as a new file is (0o666 less the umask): safetensors
+    writes the weights through a private temporary file (mode 0600), the other files are made
+    with the umask's mode."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
                       overwrite: bool = False) -> dict[str, Any]:
     """Write ``checkpoint`` (a checkpoint or run directory) to ``out_dir``; returns a summary."""
@@ -88,6 +99,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         hf.save_pretrained(tmp)
         if codec is not None and codec.mode == "bpe":
             _save_tokenizer(codec, tmp)
+        _normal_modes(tmp)
         if out.exists():
             os.replace(out, old)
         os.replace(tmp, out)

@@ -474,11 +474,7 @@ def _stored_spec(data: bytes) -> Any:
     return spec
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Find, verify and open a checkpoint (see the module docstring)."""
-    from ..errors import SpecError
-
-    ckpt = find_checkpoint(path)
+def _read_manifest(ckpt: Path) -> dict[str, Any]:
     try:
         manifest = json.loads(read_bounded(ckpt / MANIFEST, _MANIFEST_LIMIT))
     except FileRefusedError as exc:
@@ -488,6 +484,29 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"{ckpt / MANIFEST}: not an {FORMAT} manifest (format {got!r})")
+    return manifest
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The ``meta.json`` of the checkpoint ``path``, verified against its manifest, without
+    reading the tensors (`CheckpointError` when it cannot be)."""
+    ckpt = find_checkpoint(path)
+    files = _read_manifest(ckpt).get("files") or {}
+    if "meta.json" not in files:
+        raise CheckpointError(f"{ckpt / MANIFEST}: does not list meta.json")
+    try:
+        meta = json.loads(_read_verified(ckpt, "meta.json", files["meta.json"]))
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt / 'meta.json'}: not JSON ({exc})") from None
+    return meta if isinstance(meta, dict) else {}
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Find, verify and open a checkpoint (see the module docstring)."""
+    from ..errors import SpecError
+
+    ckpt = find_checkpoint(path)
+    manifest = _read_manifest(ckpt)
     files = manifest.get("files") or {}
     needed = _NEEDED
     absent = [n for n in needed if n not in files]

@@ -7,11 +7,14 @@ Task selection for evaluation (`eval_task`):
 - no task: the training task, with the training params (vocab size and length included);
 - the training task's name, optionally with params: the training params updated with them (e.g.
   ``{use = "mqar", num_pairs = 16, seq_len = 128}`` to test longer recall);
-- in both, the params that name files (a text task's ``path``, see `file_params`) are never taken
-  from the checkpoint: the user names them (``--task '{use = "text", path = "data.txt"}'``), so a
-  forged ``meta.json`` cannot make ``atlas eval`` read a local file; a subword model's tokenizer
-  is the exception, as the checkpoint keeps its content (not a path): it is used when
-  ``--task`` names no tokenizer, and a tokenizer named must be the same one;
+- in both, a param that names a file (a text task's ``path``, see `file_params`) and that
+  ``--task`` leaves out is the checkpoint's only when the file found at that path is the one the
+  run read (its size and SHA-256, recorded in the checkpoint: `task_files`); otherwise the user
+  names it (``--task '{use = "text", path = "data.txt"}'``), so a forged ``meta.json`` cannot make
+  ``atlas eval`` read a local file its author did not already know. A param left unset (a byte
+  or char model's ``tokenizer = None``) names no file. A subword model's tokenizer is kept whole
+  in the checkpoint (content, not a path): it is used when ``--task`` names no tokenizer, and a
+  tokenizer named must be the same one;
 - another task: its defaults, with ``vocab_size`` from the model.
 A text task is evaluated on its held-out split; in char mode its vocabulary must be the
 checkpoint's (otherwise ids would mean other characters).
@@ -33,6 +36,7 @@ from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
 from .codec import TextCodec
 from .evaluate import build_task, evaluate, held_out, without_file_params
 from .setup import resolve_device
+from .task_files import unverified_files
 
 
 def parse_task_option(value: str | None) -> Any:
@@ -106,24 +110,33 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     codec = _codec(ckpt)
     own_tokenizer = False
     if name == trained_use:
-        # The training params, except the files they name: those only from the command line.
+        # The training params, except the files they name: those come from the command line, or
+        # are the recorded ones when the files there are still the ones the run read.
         kept, dropped = without_file_params(name, trained.get("params", {}))
+        # a file param left unset (None: no tokenizer in byte or char mode) names no file
+        kept.update({k: v for k, v in dropped.items() if v is None})
+        dropped = {k: v for k, v in dropped.items() if v is not None}
         table = {"use": name, **kept, **raw}
         # a subword model keeps its whole tokenizer (content, not a path): it is used when the
         # command names none
         own_tokenizer = ("tokenizer" in dropped and "tokenizer" not in raw
                          and getattr(codec, "mode", None) == "bpe")
-        unnamed = sorted(k for k in dropped if k not in raw and not (own_tokenizer and k == "tokenizer"))
-        if unnamed:
-            trained_files = ", ".join(f"{k} = {dropped[k]!r}" for k in unnamed)
-            wanted = ", ".join(f'{k} = "FILE"' for k in unnamed)
+        unnamed = {k: v for k, v in dropped.items()
+                   if k not in raw and not (own_tokenizer and k == "tokenizer")}
+        refused = unverified_files(name, unnamed, ckpt.meta)
+        if refused:
+            trained_files = ", ".join(f"{k} = {unnamed[k]!r}" for k in sorted(refused))
+            why = "; ".join(refused[k] for k in sorted(refused))
+            wanted = ", ".join(f'{k} = "FILE"' for k in sorted(refused))
             kept_note = "the other training params are kept" + (
                 ", and the tokenizer is the checkpoint's own" if own_tokenizer else "")
             raise SpecError([Issue(
                 "--task", f"the checkpoint was trained on {name} with {trained_files}, and a "
-                "checkpoint cannot choose which local files are read", None,
-                f"name {'them' if len(unnamed) > 1 else 'it'} yourself: --task "
+                f"checkpoint's file is read again only when it is the file the run read: {why}",
+                None,
+                f"name {'them' if len(refused) > 1 else 'it'} yourself: --task "
                 f"'{{use = \"{name}\", {wanted}}}' ({kept_note})")])
+        table.update(unnamed)  # every recorded file here is the one the run read
     else:
         table = {"use": name, **raw}
     if own_tokenizer:
@@ -150,13 +163,24 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
 
 
 def evaluate_checkpoint(path: str, *, task: Any = None, seq_len: int | None = None,
-                        batches: int = 8, batch_size: int = 32, seed: int = 0,
-                        device: str = "auto") -> dict[str, Any]:
+                        batches: int | None = None, batch_size: int | None = None,
+                        seed: int | None = None, device: str = "auto") -> dict[str, Any]:
+    """Evaluate a checkpoint (`eval_task`, `evaluate`). ``batches``, ``batch_size`` and ``seed``
+    default to the run's ``eval_batches``, ``batch_size`` and ``seed``, so the training task is
+    evaluated on the rows of the run's own evaluations (its final figures, reproduced)."""
     ckpt, model, dev = open_checkpoint(path, device)
     built = eval_task(ckpt, task, seq_len)
+    train = ckpt.spec.train or {}
+    batches = batches if batches is not None else _int(train.get("eval_batches"), 8)
+    batch_size = batch_size if batch_size is not None else _int(train.get("batch_size"), 32)
+    seed = seed if seed is not None else _int(train.get("seed"), 0)
     result = evaluate(model, built, batches=batches, batch_size=batch_size, seed=seed, device=dev)
     return {"checkpoint": str(ckpt.path), "step": ckpt.step, "name": ckpt.spec.name,
             "task": built.describe(), **result}
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
 def parse_ids(text: str) -> list[int]:

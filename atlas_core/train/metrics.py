@@ -72,6 +72,17 @@ def estimate_line(projected_s: float, seconds_per_step: float, tokens_per_s: flo
             "lower --steps or train a smaller spec (each examples/*.toml states its cost)")
 
 
+def warmup_line(steps: int, warmup_steps: int, lr: float, last_lr: float) -> str | None:
+    """The warning of a run that ends inside its warm-up (the learning rate never reaches its
+    peak, and the cosine never starts), or None."""
+    if steps >= warmup_steps:
+        return None
+    return (f"warning: train.warmup_steps = {warmup_steps} is more than the run's {steps} steps: "
+            f"the learning rate rises only to {last_lr:.3g} of its peak lr = {lr:.3g} and never "
+            f"decays; lower train.warmup_steps (e.g. train.warmup_steps={max(steps // 10, 1)}) or "
+            "raise --steps")
+
+
 def end_line(result: dict[str, Any]) -> str:
     """The summary of a finished run."""
     return (f"done: {result['steps']} steps in {duration(result['time_s'])}, "

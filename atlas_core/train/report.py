@@ -1,4 +1,5 @@
-"""What a run tells a person, and when: the start line, the first step's time (and compilation),
+"""What a run tells a person, and when: the start line (and a warning when the run ends inside its
+learning-rate warm-up), the first step's time (and compilation),
 the warning of a run projected to take more than `metrics.LONG_RUN_S`, the evaluation lines, all
 on stderr through the progress bar (rank 0), with the ``timing`` records of ``metrics.jsonl``.
 `metrics` words the lines."""
@@ -8,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from .compile import compile_cache_dir, graph_breaks
-from .metrics import LONG_RUN_S, MetricsLog, duration, estimate_line, eval_line, start_line
+from .metrics import (
+    LONG_RUN_S, MetricsLog, duration, estimate_line, eval_line, start_line, warmup_line,
+)
 from .progress import Progress
 
 
@@ -33,6 +36,11 @@ class RunReport:
         self.say(start_line(run_dir, params, device, step, p.steps, p.batch_size, seq_len,
                             p.precision, p.compile, processes=processes, mode=mode,
                             threads=threads) + (f"; {note}" if note else ""))
+        from .optim import lr_at
+
+        short = warmup_line(p.steps, p.warmup_steps, p.lr, lr_at(p.steps - 1, p))
+        if short and step < p.steps:
+            self.say(short)
 
     def evaluated(self, step: int, steps: int, result: dict[str, Any], train_loss: float | None,
                   elapsed: float) -> None:

@@ -158,17 +158,22 @@ def _load(source: Any):
     from ..spec import Spec, load_spec
 
     if isinstance(source, Spec):
-        return source, "<spec>"
+        return source, _label(source.source)
     if source is None:
-        return load_spec(default_spec_text()), "<default mqar spec>"
+        return load_spec(default_spec_text()), "the default MQAR spec"
     if isinstance(source, dict):
-        return load_spec(source), "<spec>"
+        return load_spec(source), "the spec given"
     text = str(source)
     if "\n" not in text and not Path(text).exists():
         raise SpecError([Issue("", f"no such spec file {text!r}", None,
                                "give the path of a .toml spec, or no SPEC for the default")])
-    label = text if "\n" not in text else "<spec>"
+    label = text if "\n" not in text else "the spec given"
     return load_spec(Path(text) if "\n" not in text else text), label
+
+
+def _label(source: str | None) -> str:
+    """How messages name a resolved spec: its file, else "the spec given" (not ``<string>``)."""
+    return source if source and not source.startswith("<") else "the spec given"
 
 
 def _fresh_run_dir(out: str | None, name: str) -> Path:
@@ -194,23 +199,44 @@ def _fresh_run_dir(out: str | None, name: str) -> Path:
 
 
 def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
-    """A checkpoint's own spec may not choose the local files a run reads (a text task's
-    ``path``): resuming such a run takes a SPEC named on the command line."""
+    """A checkpoint's own spec may choose the local files a run reads (a text task's ``path``)
+    only when each is the file the run read: ``source`` is the checkpoint's ``spec.toml``, and
+    the checkpoint recorded the file's size and SHA-256 (`task_files`). Otherwise resuming such
+    a run takes a SPEC named on the command line."""
     from ..host.registry import split_use
     from .evaluate import without_file_params
+    from .task_files import unverified_files
 
     task = (spec.train or {}).get("task")
     if task is None:
         return
     name, raw = split_use(task, "train.task")
     _, files = without_file_params(name, raw, path="train.task")
-    if files:
-        key = sorted(files)[0]
+    files = {k: v for k, v in files.items() if v is not None}  # an unset param names no file
+    if not files:
+        return
+    refused = unverified_files(name, files, _checkpoint_meta(Path(source).parent))
+    if refused:
+        key = sorted(refused)[0]
         raise CheckpointError(
-            f"{source}: its [train] task reads {key} = {files[key]!r}, and a checkpoint cannot "
-            f"choose which local files are read; resume with a spec you name: check that file's "
-            f"[train] task, then run atlas train {source} --resume {resume}"
+            f"{source}: its [train] task reads {key} = {files[key]!r}, and a checkpoint's file "
+            f"is read again only when it is the file the run read: {refused[key]}; resume with "
+            f"a spec you name: check that file's [train] task, then run atlas train {source} "
+            f"--resume {resume}"
         )
+
+
+def _checkpoint_meta(path: Path) -> dict[str, Any]:
+    """The verified ``meta.json`` of the checkpoint directory ``path`` (``{}`` when ``path`` is
+    not a complete checkpoint: a run's own ``spec.toml`` has no record of its files)."""
+    from .checkpoint import MANIFEST, read_meta
+
+    if not (path / MANIFEST).is_file():
+        return {}
+    try:
+        return read_meta(path)
+    except CheckpointError:
+        return {}
 
 
 def make_plan(opts: TrainOptions, world: int = 1) -> Plan:

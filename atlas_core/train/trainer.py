@@ -60,6 +60,7 @@ from .report import RunReport
 from .run_dir import claim_run_dir, write_text_atomic
 from .setup import Plan
 from .step import autocast_for, optimizer_step
+from .task_files import fingerprints
 from .threads import describe, plan_threads
 from .timing import StepClock
 
@@ -109,6 +110,9 @@ class Trainer:
         model_vocab = int(spec.model.get("vocab_size", 0))
         self.task_table = task_table(p.task, model_vocab, p.seq_len)
         self.task = self.plan.task or build_task(p.task, model_vocab, p.seq_len)
+        # the files it read, fingerprinted once: a checkpoint may name them again only if unchanged
+        self.task_files = (fingerprints(self.task_table["use"], self.task_table)
+                           if self.dist.is_main else {})
         if p.pack and (not self.task.packs_documents or self.cp > 1):
             from ..errors import Issue, SpecError
 
@@ -199,7 +203,7 @@ class Trainer:
                 "tokens_seen": self.tokens_seen,
                 "elapsed_s": self.elapsed(),
                 "world_size": self.dist.world,
-                "task": task_meta(self.task, self.task_table),
+                "task": task_meta(self.task, self.task_table, self.task_files),
                 "last_eval": self.last_eval,
             }
             path = save_checkpoint(

@@ -63,3 +63,38 @@ def test_copy_writes_the_named_specs_and_refuses_to_overwrite(tmp_path):
     assert 'path = "examples/text_char.txt"' in (tmp_path / "text" / "text_char.toml").read_text()
     bad = invoke(["examples", "copy", str(tmp_path), "--name", "titan_lmm"])
     assert bad.exit_code == 2 and "did you mean 'titans_lmm'" in bad.output
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """The cells of the printed table, each wrapped cell's lines joined: ``{name: [summary,
+    cost]}``."""
+    rows: dict[str, list[list[str]]] = {}
+    name = None
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[0]:
+            name = cells[0]
+            rows[name] = [[], []]
+        for part, cell in zip(rows[name], cells[1:]):
+            if cell:
+                part.append(cell)
+    return {n: [" ".join(p) for p in parts] for n, parts in rows.items()}
+
+
+def test_the_table_prints_every_summary_whole():
+    """Summaries are plain text, not rich markup: "[persistent | retrieved | segment]" and
+    "[B, H, Dv, Dk]" are printed, and nothing is cut (at a colon or elsewhere): each cell of the
+    table, its wrapped lines joined, is the summary and the cost."""
+    rows = list_examples()
+    assert any("[" in r["summary"] for r in rows)  # the case this guards
+    r = invoke(["examples", "list"])
+    assert r.exit_code == 0, r.output
+    table = _table_rows(r.stdout)
+    assert sorted(table) == sorted(row["name"] for row in rows)
+    for row in rows:
+        summary, cost = table[row["name"]]
+        assert " ".join(summary.split()) == " ".join(row["summary"].split()), row["name"]
+        assert " ".join(cost.split()) == " ".join(row["cost"].split()), row["name"]
+    assert "attend over [persistent | retrieved | segment], store" in table["titans_mac"][0]

@@ -315,9 +315,56 @@ def test_eval_never_reads_a_path_named_by_the_checkpoint(files, monkeypatch):
     assert r.exit_code == 1 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: --task: the checkpoint was trained on core:text with path = ")
-    assert "a checkpoint cannot choose which local files are read" in line
+    assert "a checkpoint's file is read again only when it is the file the run read" in line
+    assert "records no fingerprint" in line
     assert "--task '{use = \"core:text\", path = \"FILE\"}'" in line
-    assert "12345" not in line
+    assert "12345" not in line and "12,345" not in line
+
+
+def _fingerprint(ckpt: Path, secret: Path, size: int, digest: str) -> None:
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["task"]["files"] = {"path": {"path": str(secret), "bytes": size, "sha256": digest}}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    _remanifest(ckpt)
+
+
+@pytest.mark.parametrize("forged", ["size", "sha256"])
+def test_eval_refuses_a_file_that_is_not_the_one_recorded(files, monkeypatch, forged):
+    """A forged fingerprint (of a size or a content the file does not have) never gets the file
+    read by the task, and the error shows neither its size nor its content."""
+    from atlas_core.train.tasks import text
+
+    secret = files["root"] / "secret.txt"
+    secret.write_text("x" * 12345)
+    ckpt = _forge_text_task(files, f"forged-{forged}", secret)
+    _fingerprint(ckpt, secret, 12345 if forged == "sha256" else 999,
+                 hashlib.sha256(b"y" * 12345).hexdigest())
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the text task read a file named by the checkpoint")
+
+    monkeypatch.setattr(text, "_read", no_read)
+    r = runner.invoke(make_app(plugin_apps=False), ["eval", str(ckpt)])
+    assert r.exit_code == 1 and r.stdout == ""
+    (line,) = r.stderr.strip().splitlines()
+    assert "is not the one the run read" in line and "xxxx" not in line
+    assert ("12345" not in line and "12,345" not in line) if forged == "size" else "SHA-256" in line
+
+
+def test_eval_reads_a_recorded_file_that_is_the_one_the_run_read(files):
+    """A fingerprint that matches: the checkpoint could only name a file its author knew, so
+    ``atlas eval CKPT`` reads it without --task."""
+    corpus = files["root"] / "known.txt"
+    corpus.write_text("abcd" * 50)
+    ckpt = _forge_text_task(files, "meta-known", corpus)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["task"]["params"]["mode"] = "char"  # 4 ids: the model has 16
+    meta["task"]["text"] = {"mode": "char", "vocab": list("abcd")}
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    _fingerprint(ckpt, corpus, 200, hashlib.sha256(b"abcd" * 50).hexdigest())
+    r = runner.invoke(make_app(plugin_apps=False), ["--format", "json", "eval", str(ckpt)])
+    assert r.exit_code == 0, r.output
+    assert "path='" + str(corpus) + "'" in json.loads(r.stdout)["task"]
 
 
 def test_eval_reads_the_file_the_user_names(files):
@@ -347,8 +394,9 @@ def test_resume_does_not_take_a_file_from_the_checkpoints_spec(files, tmp_path):
     data["train"]["task"] = {"use": "text", "path": str(tmp_path / "elsewhere.txt")}
     (d / "spec.toml").write_text(load_spec(data).to_toml())
     _remanifest(d)
-    with pytest.raises(CheckpointError, match="a checkpoint cannot choose which local files are "
-                                              r"read; resume with a spec you name.*--resume"):
+    with pytest.raises(CheckpointError, match="a checkpoint's file is read again only when it is "
+                                              "the file the run read: the checkpoint records no "
+                                              r"fingerprint .*; resume with a spec you name.*--resume"):
         make_plan(TrainOptions(resume=str(d), steps=9, progress=False))
 
 

@@ -55,6 +55,22 @@ def test_cli_exports_a_directory_that_loads(ckpt, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
 
 
+def test_every_exported_file_has_the_mode_of_a_new_file(ckpt, tmp_path):
+    """model.safetensors was left 0600 (safetensors writes through a private temporary file)
+    while the rest was 0644: every file now gets 0666 less the umask."""
+    import os
+    import stat
+
+    out = tmp_path / "hf"
+    old = os.umask(0o022)
+    try:
+        assert invoke(["export-hf", str(ckpt), str(out)]).exit_code == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir() if p.is_file()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+
+
 def test_cli_refuses_a_non_empty_directory_unless_overwrite(ckpt, tmp_path):
     out = tmp_path / "hf"
     out.mkdir()

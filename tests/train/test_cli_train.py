@@ -54,7 +54,7 @@ def test_train_prints_the_result(trained):
 
 def test_eval_json_and_task_override(trained):
     out, data, _ = trained
-    r = invoke(["eval", str(out), "--format", "json", "--batches", "8"])
+    r = invoke(["eval", str(out), "--format", "json", "--batches", "8", "--batch-size", "32"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)
     assert got["step"] == 6 and got["tokens"] == 8 * 32 * 2
@@ -63,12 +63,29 @@ def test_eval_json_and_task_override(trained):
                 "--task", "{use = 'mqar', num_pairs = 3, seq_len = 24}"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)
-    assert "num_pairs=3" in got["task"] and got["tokens"] == 32 * 3
+    # the run's batch_size (4 rows) by default
+    assert "num_pairs=3" in got["task"] and got["tokens"] == 4 * 3
     human = invoke(["eval", str(out), "--batches", "1"])
     assert human.exit_code == 0 and "accuracy" in human.stdout
     _one_error_line(invoke(["eval", str(out), "--task", "mqarr"]), "did you mean 'mqar'")
     _one_error_line(invoke(["eval", str(out), "--seq-len", "4"]),
                     "--task.num_pairs: num_pairs=2 needs seq_len >= 4 * num_pairs = 8")
+
+
+def test_eval_defaults_reproduce_the_runs_final_evaluation(trained):
+    """Without --batches, --batch-size and --seed, `atlas eval RUN` draws the rows of the run's
+    own evaluations (its eval_batches of batch_size rows, its seed): the final eval record."""
+    out, data, _ = trained
+    final = [r for r in (json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines())
+             if r["kind"] == "eval"][-1]
+    r = invoke(["eval", str(out), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert (got["batches"], got["tokens"]) == (TINY["train"]["eval_batches"], final["tokens"])
+    assert got["loss"] == pytest.approx(final["loss"], rel=1e-6)
+    assert got["accuracy"] == final["accuracy"] == data["accuracy"]
+    other = json.loads(invoke(["eval", str(out), "--format", "json", "--seed", "5"]).stdout)
+    assert other["loss"] != got["loss"]  # the seed chooses the rows
 
 
 def test_generate_ids(trained):
@@ -158,6 +175,16 @@ def test_resume_with_another_spec(trained, tmp_path):
     _one_error_line(r, "different model")
     assert "memory.bias.use: 'core:l2' in the checkpoint, 'core:dot' here" in r.stderr
     assert _snapshot(out) == before
+    # with an override, the message names the file (it said "than <spec>"), and without a SPEC
+    # "the spec given" (the checkpoint's with its overrides)
+    spec_file = _spec_file(tmp_path, TINY, "same.toml")
+    r = invoke(["train", str(spec_file), "model.d_model=32", "--resume", str(out), "--steps", "9",
+                "--no-progress"])
+    _one_error_line(r, f"was written for a different model than {spec_file} (model.d_model: 16 "
+                       "in the checkpoint, 32 here)")
+    r = invoke(["train", "model.d_model=32", "--resume", str(out), "--steps", "9", "--no-progress"])
+    _one_error_line(r, "was written for a different model than the spec given (model.d_model")
+    assert "<" not in r.stderr and _snapshot(out) == before
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])

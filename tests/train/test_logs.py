@@ -113,3 +113,18 @@ def test_a_resumed_run_says_which_steps_it_trains(tmp_path, tiny_spec, capfd):
     train(TrainOptions(resume=str(out), progress=False))
     first = _lines(capfd)[0]
     assert first.startswith(f"train: run {out}, ") and "steps 3-6 of 6 of 4 x 16 tokens; parallel: " in first
+
+
+def test_a_run_shorter_than_its_warmup_is_warned_about(tmp_path, tiny_spec, capfd):
+    """titans_lmm with --steps 40 (warm-up 100) never reached its peak rate without a word: the
+    line after the start line says so, with the rate it reaches and what to change."""
+    tiny_spec["train"].update(steps=3, warmup_steps=10, eval_every=0, lr=2e-3)
+    _train(tmp_path, tiny_spec)
+    lines = _lines(capfd)
+    assert lines[1] == ("warning: train.warmup_steps = 10 is more than the run's 3 steps: the "
+                        "learning rate rises only to 0.0006 of its peak lr = 0.002 and never "
+                        "decays; lower train.warmup_steps (e.g. train.warmup_steps=1) or raise "
+                        "--steps"), lines
+    tiny_spec["train"].update(warmup_steps=3)  # the peak is reached at the last step: no word
+    _train(tmp_path, tiny_spec, name="enough")
+    assert not [ln for ln in _lines(capfd) if "warm" in ln]

@@ -127,7 +127,8 @@ def test_codec_from_checkpoint_meta_decodes_without_the_file(tokenizer_file):
 def test_train_eval_generate_end_to_end(corpus, tokenizer_file, tmp_path):
     """Tokenizer trained on the corpus, 50 steps, perplexity on the validation split, decoded
     generation, the tokenizer exported back from the checkpoint."""
-    _, path, _ = corpus
+    path = tmp_path / "corpus.jsonl"  # a copy: this test changes it
+    path.write_bytes(corpus[1].read_bytes())
     spec = copy.deepcopy(TINY)
     spec["model"].update(arch="core:lm", vocab_size=300)
     spec["train"].update(steps=50, eval_every=25, log_every=25, task={
@@ -148,17 +149,26 @@ def test_train_eval_generate_end_to_end(corpus, tokenizer_file, tmp_path):
     assert r.exit_code == 0, r.output
     ppl = json.loads(r.stdout)["perplexity"]
     assert 1.0 < ppl < 300.0  # better than uniform over the vocabulary after 50 steps
-    # without --task: one error that names every file to give, and says the tokenizer is kept
-    r = invoke(["eval", str(out), "--batches", "2"])
-    assert r.exit_code == 1
-    assert f"path = {str(path)!r}" in r.stderr and "tokenizer = " not in r.stderr, r.stderr
-    assert "--task '{use = \"core:text\", path = \"FILE\"}'" in r.stderr, r.stderr
-    assert "the tokenizer is the checkpoint's own" in r.stderr, r.stderr
-    # ... and naming the corpus is then enough: the checkpoint's tokenizer, the same perplexity
+    # without --task: the corpus the run read (unchanged: its size and SHA-256 are the ones the
+    # checkpoint recorded) with the checkpoint's own tokenizer, the same perplexity
+    r = invoke(["--format", "json", "eval", str(out), "--batches", "2"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["perplexity"] == pytest.approx(ppl, rel=1e-6)
+    # ... and naming the corpus alone: the same
     only_corpus = "{use = \"text\", path = \"%s\"}" % path
     r = invoke(["--format", "json", "eval", str(out), "--task", only_corpus, "--batches", "2"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["perplexity"] == pytest.approx(ppl, rel=1e-6)
+    # a corpus changed since: one error that names the file to give, and says the tokenizer is kept
+    original = path.read_bytes()
+    path.write_bytes(original + b'{"body": "one more document", "n": -1}\n')
+    r = invoke(["eval", str(out), "--batches", "2"])
+    assert r.exit_code == 1
+    assert f"path = {str(path)!r}" in r.stderr and "tokenizer = " not in r.stderr, r.stderr
+    assert "is not the one the run read" in r.stderr, r.stderr
+    assert "--task '{use = \"core:text\", path = \"FILE\"}'" in r.stderr, r.stderr
+    assert "the tokenizer is the checkpoint's own" in r.stderr, r.stderr
+    path.write_bytes(original)
     r = invoke(["--format", "json", "generate", str(out), "--prompt", "the memory", "--greedy",
                 "--max-new-tokens", "8"])
     assert r.exit_code == 0, r.output
