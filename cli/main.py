@@ -177,6 +177,7 @@ def make_app(*, plugin_apps: bool = True) -> typer.Typer:
 
 def run(argv: list[str] | None = None) -> None:
     """Entry point of the ``atlas`` script."""
+    from atlas_core.allocator import configure; configure()  # bounded resident memory (glibc)
     app = make_app()
     try:
         app(args=argv, prog_name="atlas")

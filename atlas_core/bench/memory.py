@@ -19,10 +19,22 @@ does not pass through aten operators (Python objects, a C++ extension's private 
 allocator fragmentation. Views share their base's storage and are counted once; in-place ops add
 nothing. The mode adds a few microseconds per operator, so time and memory are measured in
 separate runs.
+
+What users meet is the process's resident set, which can be far above the live tensors: on glibc
+the heap keeps freed memory resident, fragmented between longer-lived tensors (docs/benchmarks.md,
+"Resident memory and live tensors"; `atlas_core.allocator` bounds it). `ResidentPeak` measures it
+from outside the tensors: the peak resident set during a block minus the resident set just before
+(Linux: ``VmHWM`` of /proc/self/status after resetting it through /proc/self/clear_refs; where the
+reset is refused, a thread that samples ``VmRSS`` every few milliseconds). It includes everything
+the process touched: code pages read for the first time, the Python heap, the allocator's free
+memory. Measure it in a fresh process, one measurement per process, beside `peak_tensor_bytes` in
+another (the probe's own bookkeeping would be counted): ``benchmarks/bench_resident.py`` does both.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -103,3 +115,77 @@ def peak_bytes(fn: Callable[[], Any], device: Any = None) -> int:
     if device is not None and torch.device(device).type == "cuda":
         return cuda_peak_bytes(fn, device)
     return peak_tensor_bytes(fn)
+
+
+def _status_bytes(key: bytes) -> int | None:
+    """A ``kB`` line of /proc/self/status in bytes (``VmRSS``, ``VmHWM``, ``RssAnon``), None if absent."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(key + b":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_bytes() -> int | None:
+    """The process's resident set now (``VmRSS``), None where /proc/self/status is missing."""
+    return _status_bytes(b"VmRSS")
+
+
+class ResidentPeak:
+    """Peak resident-set growth of the process over a ``with`` block (see module docstring):
+    ``growth`` = peak ``VmRSS`` during the block minus ``VmRSS`` at its start, in bytes; ``method``
+    says how the peak was read (``"VmHWM"``, ``"sampled"``, or ``"unavailable"``: growth None)."""
+
+    def __init__(self, interval: float = 0.005, use_hwm: bool = True) -> None:
+        self.interval, self.use_hwm = interval, use_hwm
+        self.before: int | None = None
+        self.peak: int | None = None
+        self.growth: int | None = None
+        self.method = "unavailable"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = rss_bytes() or 0
+            self.peak = max(self.peak or 0, now)
+
+    def __enter__(self) -> "ResidentPeak":
+        self.before = rss_bytes()
+        if self.before is None:
+            return self
+        try:  # "5" resets the high-water mark to the current resident set (Linux >= 4.0)
+            if not self.use_hwm:
+                raise OSError("sampling asked for")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.method = "VmHWM"
+        except OSError:
+            self.method = "sampled"
+            self.peak = self.before
+            self._thread = threading.Thread(target=self._sample, name="resident-peak", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.method == "VmHWM":
+            self.peak = _status_bytes(b"VmHWM")
+        elif self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak or 0, rss_bytes() or 0)
+        if self.before is not None and self.peak is not None:
+            self.growth = max(0, self.peak - self.before)
+
+
+def resident_growth_bytes(fn: Callable[[], Any]) -> int | None:
+    """Run ``fn()`` and return how far it pushed the process's resident set above where it was
+    (`ResidentPeak`); None where the resident set cannot be read. The result of ``fn`` is dropped
+    inside the measurement, as in `peak_tensor_bytes`."""
+    with ResidentPeak() as probe:
+        out = fn()
+        del out
+    return probe.growth

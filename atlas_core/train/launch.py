@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..allocator import configure as configure_allocator
 from .checkpoint import latest_checkpoint
 from .data_parallel import SINGLE, DistInfo, from_env
 from .errors import TrainingInterrupted
@@ -94,6 +95,7 @@ def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None
     Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) this process is one rank.
     ``--resume`` of a run that already finished its steps trains nothing: one line on stderr
     says the run is complete, and its result is returned (`setup.RunComplete`)."""
+    configure_allocator()  # bounded resident memory on glibc (atlas_core.allocator)
     try:
         return _train(opts, nproc, on_step)
     except RunComplete as done:

@@ -1,8 +1,13 @@
-"""The CPU peak-memory counter (`atlas_core.bench.memory`): live tensor bytes per storage."""
+"""The CPU peak-memory counters (`atlas_core.bench.memory`): live tensor bytes per storage, and the
+process's resident-set growth over a block."""
 
+import time
+
+import pytest
 import torch
 
-from atlas_core.bench.memory import LiveTensorBytes, peak_tensor_bytes
+from atlas_core.bench.memory import (LiveTensorBytes, ResidentPeak, peak_tensor_bytes,
+                                     resident_growth_bytes, rss_bytes)
 
 MB = 1_000_000
 
@@ -41,3 +46,18 @@ def test_peak_of_a_function():
         return sum(x.sum() for x in t)
 
     assert 3 * MB <= peak_tensor_bytes(f) < 3 * MB + 1000
+
+
+@pytest.mark.parametrize("use_hwm", [True, False], ids=["VmHWM", "sampled"])
+def test_resident_peak_sees_memory_touched_and_freed_inside_the_block(use_hwm):
+    if rss_bytes() is None:
+        pytest.skip("no /proc/self/status: the resident set cannot be read here")
+    size = 64 * 2**20  # above glibc's largest mmap threshold: fresh pages, whatever ran before
+
+    with ResidentPeak(use_hwm=use_hwm) as probe:
+        x = torch.ones(size // 4)  # touched
+        time.sleep(0.05)  # several samples while it is alive
+        del x  # gone before the block ends: only the peak sees it
+    assert probe.method == ("VmHWM" if use_hwm else "sampled")
+    assert size * 0.95 <= probe.growth < size * 2, probe.growth
+    assert resident_growth_bytes(lambda: torch.zeros(size // 4).add_(1)) >= size * 0.95
