@@ -13,6 +13,9 @@ Switches:
   fallback). ``backend = "torch"`` forces the PyTorch code.
 - A backend that can serve a call but measured slower than the PyTorch code for it says so in
   ``prefers``; automatic dispatch then runs the PyTorch code (forcing still runs the backend).
+- A backend that must first be checked on the device it would run on (fla's kernels: only after
+  the conformance kit passed there) says so in ``certified``; automatic dispatch passes over it
+  until then (forcing still runs it).
 
 Why a backend was passed over is logged at debug level and shown by `atlas env`.
 """
@@ -41,6 +44,13 @@ class Backend:
     def verify(self, strategy, rule, inputs) -> tuple[bool, str]:
         return True, ""
 
+    def certified(self) -> tuple[bool, str]:
+        """Whether automatic dispatch may choose this backend once it is available: False (with
+        the reason) for a backend that must first pass the conformance kit on this device (the
+        ``fla`` plugin's). Read when backends are bound and by `explain`; a forced backend runs
+        without it."""
+        return True, ""
+
     def prefers(self, strategy, rule, inputs) -> tuple[bool, str]:
         """Whether this backend should serve a call it can serve when nobody forced it: False
         (with the reason) where it measured slower than the strategy's PyTorch code. Consulted
@@ -56,6 +66,17 @@ def _disabled() -> set[str] | bool:
     if raw.lower() in {"1", "all", "true", "yes"}:
         return True
     return {s.strip() for s in raw.split(",") if s.strip()}
+
+
+def _certified(be) -> tuple[bool, str]:
+    """`Backend.certified`, for duck-typed plugin backends too (no method: certified)."""
+    fn = getattr(be, "certified", None)
+    if fn is None:
+        return True, ""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - a lookup must never break dispatch or `atlas env`
+        return False, f"its certification lookup failed: {type(exc).__name__}: {exc}"
 
 
 def backends_for(strategy_name: str, registry=None):
@@ -75,6 +96,10 @@ def explain(strategy_name: str, registry=None) -> list[dict[str, Any]]:
     """For each backend of a strategy: would it be considered, and why not (no call needed)."""
     reg, comps = backends_for(strategy_name, registry)
     disabled = _disabled()
+    try:  # a backend registered for a strategy whose `run` never consults its backends
+        dispatches = bool(getattr(reg.build("strategy", strategy_name), "uses_backends", True))
+    except Exception:  # noqa: BLE001 - `atlas env` must not break on a strategy that fails to build
+        dispatches = True
     rows = []
     for comp in comps:
         row = {"backend": comp.name, "priority": comp.priority, "status": "available", "reason": ""}
@@ -82,11 +107,19 @@ def explain(strategy_name: str, registry=None) -> list[dict[str, Any]]:
             row.update(status="disabled", reason=f"{DISABLE_ENV} is set")
         else:
             try:
-                ok, why = reg.build("backend", comp.name).is_available()
+                be = reg.build("backend", comp.name)
+                ok, why = be.is_available()
             except Exception as exc:  # noqa: BLE001 - a probe must never break `atlas env`
                 ok, why = False, f"probe failed: {type(exc).__name__}: {exc}"
             if not ok:
                 row.update(status="unavailable", reason=why)
+            else:
+                ok, why = _certified(be)
+                if not ok:  # runs when forced, but "auto" passes over it
+                    row.update(status="uncertified", reason=why)
+            if not dispatches:
+                row.update(status="unused", reason=f"{strategy_name} does not hand its calls to "
+                           "kernel backends (it runs its PyTorch code)" + (f"; {row['reason']}" if row["reason"] else ""))
         rows.append(row)
     return rows
 
@@ -144,7 +177,11 @@ def bind_backends(strategy_name: str, requested: str | None = None, registry=Non
             continue
         be = reg.build("backend", comp.name)
         ok, why = be.is_available()
-        candidates.append((comp.name, be if ok else None, "" if ok else f"unavailable: {why}"))
+        reason = "" if ok else f"unavailable: {why}"
+        if ok and not requested:
+            ok, why = _certified(be)
+            reason = "" if ok else f"not certified: {why}"
+        candidates.append((comp.name, be if ok else None, reason))
     return BoundBackends(strategy_name, requested, candidates)
 
 

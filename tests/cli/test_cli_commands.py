@@ -222,7 +222,7 @@ def test_env(host):
     assert "core:chunkwise" in data["strategies"] and "toy:picky" in data["strategies"]
     for rows in data["strategies"].values():
         for row in rows:
-            assert row["status"] in {"available", "unavailable", "disabled"}
+            assert row["status"] in {"available", "unavailable", "uncertified", "unused", "disabled"}
     assert any(p["namespace"] == "toy" for p in data["plugins"])
     assert invoke(["env"]).exit_code == 0
 
