@@ -48,6 +48,7 @@ KNOWN_DISTRIBUTIONS = {
     "atlas_muon": "atlas-ttm (bundled plugin)",
     "mru": "atlas-ttm (bundled plugin)",
     "cuda": "atlas-ttm (bundled plugin)",
+    "fla": "atlas-ttm (bundled plugin)",
     "zoo": "atlas-ttm (bundled plugin)",
     "miras": "atlas-miras (pip install ./packages/atlas-miras)",
 }
@@ -59,6 +60,7 @@ NAMESPACE_OWNERS = {
     "core": "atlas-ttm",
     "titans": "atlas-ttm",
     "cuda": "atlas-ttm",
+    "fla": "atlas-ttm",
     "omega": "atlas-ttm",
     "atlas_muon": "atlas-ttm",
     "mru": "atlas-ttm",
