@@ -54,7 +54,10 @@ Reading (`load_checkpoint`) accepts a checkpoint directory, a run directory or i
 inside a checkpoint. A ``step-<step>`` path that a killed re-save left missing resolves to its
 complete temporary copy. Reading never renames or deletes anything. Every file is checked
 against the manifest (size, then SHA-256) before it is parsed, so a truncated or corrupt file is
-one clear `CheckpointError`, never a half-loaded model.
+one clear `CheckpointError`, never a half-loaded model. The large files (``model.safetensors``,
+``optimizer.safetensors``) are hashed in pieces when the checkpoint is opened and read when asked
+for; the weights go straight into the model (`weights_io.read_into`, which hashes the bytes it
+reads again), so loading a model needs its own memory and little more.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
+from .weights_io import file_sha256, read_into, write_tensors
 from ..safe_files import FileRefusedError, check_regular_file, read_bounded
 # the run directory's file operations (lock, atomic writes) live in run_dir.py; the lock's
 # names stay importable from here
@@ -90,6 +94,8 @@ _TEMP_DIR = re.compile(r"^\.step-(\d+)\.(partial|old|trash)-\d+\Z")
 _MANIFEST_LIMIT = 16 << 20  # a manifest is a few hundred bytes; a larger one is not ours
 _NEEDED = ("model.safetensors", "optimizer.safetensors", "state.safetensors", "meta.json",
            "spec.toml")
+#: the large files: verified in pieces when a checkpoint is opened, read only when asked for
+_STREAMED = ("model.safetensors", "optimizer.safetensors")
 
 KILL_ENV = "ATLAS_CHECKPOINT_KILL_AT"
 KILL_POINTS = ("begin", "files", "manifest", "rename", "swap", "prune")
@@ -172,14 +178,17 @@ def save_checkpoint(
     partial.mkdir()
     reached("begin")
     opt_tensors, opt_rest = optimizer_state
+    files = {}
+    # the large tensor files straight from the tensors (no serialised copy in memory)
+    for name, tensors in (("model.safetensors", model.state_dict()), ("optimizer.safetensors", opt_tensors)):
+        size, digest = write_tensors(partial / name, tensors)
+        files[name] = {"bytes": size, "sha256": digest}
+        reached("files")
     blobs: dict[str, bytes] = {
-        "model.safetensors": _tensor_bytes(model.state_dict()),
-        "optimizer.safetensors": _tensor_bytes(opt_tensors),
         "state.safetensors": _tensor_bytes(rng),
         "meta.json": json.dumps({**meta, "optimizer": opt_rest}, indent=1, default=float).encode(),
         "spec.toml": spec.to_toml().encode(),
     }
-    files = {}
     for name, data in blobs.items():
         write_atomic(partial / name, data)
         files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -390,8 +399,11 @@ class Checkpoint:
     def _tensors(self, name: str) -> dict[str, torch.Tensor]:
         from safetensors.torch import load
 
+        blob = self._blobs.get(name)
+        if blob is None:  # a large file, verified when the checkpoint was opened: read (and verified) now
+            blob = _read_verified(self.path, name, self.manifest["files"][name])
         try:
-            return load(self._blobs[name])
+            return load(blob)
         except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt file
             raise CheckpointError(f"{self.path / name}: not a readable safetensors file ({exc})") from None
 
@@ -405,32 +417,16 @@ class Checkpoint:
         return self._tensors("state.safetensors")
 
     def load_model(self, model: nn.Module) -> None:
-        """Copy the weights into ``model``; a mismatch is one `CheckpointError` with the names."""
-        tensors = self.model_tensors()
-        own = model.state_dict()
-        missing = sorted(set(own) - set(tensors))
-        unexpected = sorted(set(tensors) - set(own))
-        shapes = [
-            f"{k} {tuple(tensors[k].shape)} vs {tuple(own[k].shape)}"
-            for k in sorted(set(own) & set(tensors))
-            if tensors[k].shape != own[k].shape
-        ]
-        if missing or unexpected or shapes:
-            parts = []
-            if missing:
-                parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-            if unexpected:
-                parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}")
-            if shapes:
-                parts.append(f"shape {'; '.join(shapes[:3])}")
-            raise CheckpointError(
-                f"{self.path}: the weights do not fit this model ({'; '.join(parts)}); the "
-                "checkpoint was written for a different spec"
-            )
-        model.load_state_dict(tensors, strict=True)
+        """Copy the weights into ``model`` (any dtype: converted on the way), in one pass over the
+        file with no second copy in memory (`weights_io.read_into`); a mismatch is one
+        `CheckpointError` with the names, a file whose bytes differ from the manifest's SHA-256 one
+        `CheckpointError` after the pass."""
+        entry = self.manifest["files"]["model.safetensors"]
+        read_into(model, self.path / "model.safetensors", entry["bytes"], entry["sha256"])
 
 
-def _read_verified(ckpt: Path, name: str, entry: Any) -> bytes:
+def _checked_size(ckpt: Path, name: str, entry: Any) -> int:
+    """The size the manifest gives ``name``, after checking the file is regular and that size."""
     f = ckpt / name
     if not isinstance(entry, dict) or "bytes" not in entry or "sha256" not in entry:
         raise CheckpointError(f"{ckpt / MANIFEST}: malformed entry for {name!r}")
@@ -446,12 +442,24 @@ def _read_verified(ckpt: Path, name: str, entry: Any) -> bytes:
             f"{f}: truncated or altered ({size} bytes, the manifest says {want}); "
             "use an earlier checkpoint"
         )
+    return want
+
+
+def _verify_streaming(ckpt: Path, name: str, entry: Any) -> None:
+    """Size and SHA-256 of a large file, hashed in pieces (nothing kept)."""
+    _checked_size(ckpt, name, entry)
+    if file_sha256(ckpt / name) != entry["sha256"]:
+        raise CheckpointError(f"{ckpt / name}: corrupt (SHA-256 differs from the manifest); use an earlier checkpoint")
+
+
+def _read_verified(ckpt: Path, name: str, entry: Any) -> bytes:
+    want = _checked_size(ckpt, name, entry)
     try:
-        data = read_bounded(f, want)
+        data = read_bounded(ckpt / name, want)
     except FileRefusedError as exc:
         raise CheckpointError(str(exc)) from None
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CheckpointError(f"{f}: corrupt (SHA-256 differs from the manifest); use an earlier checkpoint")
+        raise CheckpointError(f"{ckpt / name}: corrupt (SHA-256 differs from the manifest); use an earlier checkpoint")
     return data
 
 
@@ -512,7 +520,9 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     absent = [n for n in needed if n not in files]
     if absent:
         raise CheckpointError(f"{ckpt / MANIFEST}: does not list {', '.join(absent)}")
-    blobs = {name: _read_verified(ckpt, name, files[name]) for name in needed}
+    blobs = {name: _read_verified(ckpt, name, files[name]) for name in needed if name not in _STREAMED}
+    for name in _STREAMED:  # hashed in pieces now, read when asked for (Checkpoint.load_model)
+        _verify_streaming(ckpt, name, files[name])
     try:
         meta = json.loads(blobs["meta.json"])
     except ValueError as exc:

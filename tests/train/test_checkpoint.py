@@ -78,8 +78,9 @@ def test_optimizer_state_round_trip(tiny_spec):
 
 
 def test_a_crash_while_saving_keeps_the_last_checkpoint(run, tiny_spec, monkeypatch):
-    """The writer dies after two files of the next checkpoint: the latest complete one is still
-    the step-6 checkpoint, it loads, and a resume from the run directory uses it."""
+    """The writer dies in the middle of the next checkpoint (the tensor files written, two small
+    files after them, half of the third): the latest complete one is still the step-6 checkpoint,
+    it loads, and a resume from the run directory uses it."""
     before = _snapshot(run / "checkpoints" / "step-000000006")
     real = ck.write_atomic
     calls = []
@@ -95,7 +96,7 @@ def test_a_crash_while_saving_keeps_the_last_checkpoint(run, tiny_spec, monkeypa
     monkeypatch.setattr(ck, "write_atomic", dying)
     with pytest.raises(OSError, match="simulated"):
         train(TrainOptions(resume=str(run), steps=8, progress=False))
-    assert calls[:2] == ["model.safetensors", "optimizer.safetensors"]
+    assert calls[:2] == ["state.safetensors", "meta.json"]  # the tensor files are written before them
     monkeypatch.setattr(ck, "write_atomic", real)
 
     ckpt = load_checkpoint(run)
