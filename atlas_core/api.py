@@ -233,9 +233,12 @@ def train(
     return Run(run_training(opts, nproc=nproc, on_step=on_step))
 
 
-def load(run_or_checkpoint: str | Path, device: str = "cpu"):
+def load(run_or_checkpoint: str | Path, device: str = "cpu", dtype: Any = "float32"):
     """The trained model of a run directory (its latest checkpoint) or a checkpoint directory, in
-    eval mode on ``device`` (``cpu``, ``cuda`` or ``auto``), with these attributes:
+    eval mode on ``device`` (``cpu``, ``cuda`` or ``auto``), its weights in ``dtype``
+    (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"`` or a ``torch.dtype``: built in that
+    dtype and filled from the checkpoint piece by piece; a parameter-free memory rule keeps its
+    state in float32), with these attributes:
 
     - ``spec``: the resolved spec it was trained from;
     - ``codec``: the text codec (`atlas_core.train.codec.TextCodec`: ``encode`` / ``decode``) of
@@ -247,18 +250,9 @@ def load(run_or_checkpoint: str | Path, device: str = "cpu"):
 
     The checkpoint is verified before anything is built (a missing, corrupt or forged checkpoint
     is one `CheckpointError`)."""
-    from .train.inference import _codec, _trained_task, open_checkpoint
+    from .decode.load import load_for_inference
 
-    ckpt, model, _ = open_checkpoint(str(run_or_checkpoint), device)
-    model.spec = ckpt.spec
-    model.codec = _codec(ckpt)
-    # a subword model's `tokenizers.Tokenizer` (the codec's); None for byte/char text and ids
-    bpe = model.codec is not None and getattr(model.codec, "mode", None) == "bpe"
-    model.tokenizer = model.codec.tokenizer if bpe else None
-    model.checkpoint = ckpt.path
-    model.trained_steps = ckpt.step
-    model.task = _trained_task(ckpt) or None
-    return model
+    return load_for_inference(run_or_checkpoint, dtype=dtype, device=device)
 
 
 __all__ = ["Run", "collect_overrides", "load", "train"]
