@@ -162,12 +162,15 @@ class MemoryStep:
 
 
 class GenericMemoryStep:
-    """Any memory block: the layer's own forward on one token, its state a dict per batch."""
+    """Any memory block: the layer's own forward on one token, its state a dict per batch. An
+    anchored rule (Titans' mini-batches) keeps one block position for the whole batch, so its
+    rows, whose prompts may differ in length, step one at a time."""
 
     def __init__(self, block, batch: int) -> None:
         self.block, self.layer = block, block.memory
         self.rows: list[dict | None] = [None] * batch
         self.st: dict | None = None
+        self.per_row = batch > 1 and getattr(self.layer.rule.form, "anchor", 1) > 1
 
     def load(self, row: int, state: dict) -> None:
         self.rows[row] = state
@@ -179,6 +182,12 @@ class GenericMemoryStep:
         return self.rows[row]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.per_row:
+            ys = []
+            for r in range(x.shape[0]):
+                y, self.rows[r] = self.layer(x[r : r + 1, None], self.rows[r])
+                ys.append(y[:, 0])
+            return torch.cat(ys)
         if self.st is None:  # the rows' states stacked into one batch (after a prefill)
             keys = self.rows[0].keys()
             self.st = {k: torch.cat([r[k] for r in self.rows]) for k in keys}

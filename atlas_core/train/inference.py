@@ -25,7 +25,7 @@ from __future__ import annotations
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Callable, Any
 
 import torch
 
@@ -192,53 +192,95 @@ def parse_ids(text: str) -> list[int]:
         raise ValueError(f"--prompt-ids {text!r}: give integers separated by commas or spaces") from None
 
 
-def generate_from_checkpoint(
-    path: str, *, prompt: str | None = None, prompt_ids: list[int] | None = None,
-    max_new_tokens: int = 64, temperature: float = 1.0, top_k: int | None = None,
-    top_p: float | None = None, greedy: bool = False, seed: int = 0, device: str = "auto",
-) -> dict[str, Any]:
-    if prompt is not None and prompt_ids is not None:
-        raise ValueError("give one of --prompt TEXT or --prompt-ids IDS, not both")
-    ckpt, model, dev = open_checkpoint(path, device)
-    codec = _codec(ckpt)
-    unprompted = prompt is None and prompt_ids is None
-    if unprompted:  # a text model samples from a document start; an id model needs its prompt
+def _prompt_ids(codec: TextCodec | None, ckpt: Checkpoint, prompt: str | None, ids: list[int] | None) -> list[int]:
+    """One prompt's ids: its text encoded by the checkpoint's codec, its ids, or (a text model
+    without a prompt) the start of a document."""
+    if prompt is None and ids is None:  # a text model samples from a document start; an id model needs its prompt
         if codec is None:
             task = _trained_task(ckpt).get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids with no start of "
                 "their own; pass --prompt-ids, e.g. --prompt-ids '3 17 5'")
-        ids = document_start(codec)
-    elif prompt is not None:
+        return document_start(codec)
+    if prompt is not None:
         if codec is None:
             task = _trained_task(ckpt).get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids, not text; pass "
                 "--prompt-ids, e.g. --prompt-ids '3 17 5'"
             )
-        ids = codec.encode(prompt)
-    else:
-        ids = list(prompt_ids or [])
-    if not ids:
-        raise ValueError("the prompt is empty; give at least one token")
+        return codec.encode(prompt)
+    return list(ids or [])
+
+
+def generate_from_checkpoint(
+    path: str, *, prompt: str | list[str] | None = None, prompt_ids: list[int] | list[list[int]] | None = None,
+    max_new_tokens: int = 64, temperature: float = 1.0, top_k: int | None = None,
+    top_p: float | None = None, greedy: bool = False, seed: int = 0, device: str = "auto",
+    dtype: str = "float32", on_token: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Continue one prompt (``prompt`` text or ``prompt_ids``) or several (a list of texts or of id
+    lists: decoded together as one batch, each as alone: `atlas_core.decode.generate`), the model's
+    weights in ``dtype``. ``on_token(row, id)`` is called with each new token as it comes. The
+    result of one prompt: ``prompt_ids``, ``ids`` (the new ones), with text ``prompt`` and
+    ``text``; of several, ``rows`` of those; both with the timings (``prefill_s``, ``decode_s``,
+    ``tokens_per_s``: the decoded tokens, all rows, a second after the first)."""
+    import time
+
+    from ..decode import generate
+    from ..decode.load import open_for_inference
+
+    if prompt is not None and prompt_ids is not None:
+        raise ValueError("give --prompt TEXT or --prompt-ids IDS, not both")
+    texts = prompt if isinstance(prompt, list) else ([prompt] if prompt is not None else None)
+    id_rows = (prompt_ids if prompt_ids and isinstance(prompt_ids[0], list)
+               else ([prompt_ids] if prompt_ids is not None else None))
+    ckpt, model = open_for_inference(path, dtype=dtype, device=device)
+    codec = model.codec
+    wanted = texts if texts is not None else (id_rows if id_rows is not None else [None])
+    rows = [_prompt_ids(codec, ckpt, t if texts is not None else None, t if id_rows is not None else None)
+            for t in wanted]
     vocab = model.vocab_size
-    bad = [i for i in ids if not 0 <= i < vocab]
-    if bad:
-        raise ValueError(f"--prompt-ids: {bad[:5]} outside [0, {vocab}) (the model's vocab_size)")
+    for ids in rows:
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise ValueError(f"--prompt-ids: {bad[:5]} outside [0, {vocab}) (the model's vocab_size)")
+    dev = next(model.parameters()).device
     gen = torch.Generator(device=dev).manual_seed(seed)
     usable = vocab
     if codec is not None and codec.vocab is not None:
         usable = len(codec.vocab)
     elif codec is not None and codec.mode == "bpe":
         usable = min(vocab, codec.tokenizer.get_vocab_size())
-    new = _sample(model, torch.tensor([ids], device=dev), max_new_tokens, usable,
-                  temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=gen)
-    result: dict[str, Any] = {"checkpoint": str(ckpt.path), "step": ckpt.step,
-                              "prompt_ids": ids, "ids": new}
-    if codec is not None:
-        result["prompt"] = "" if unprompted else codec.decode(ids)
-        result["text"] = codec.decode(new)
-    return result
+    new: list[list[int]] = [[] for _ in rows]
+    start = time.perf_counter()
+    first = None
+    for tok in generate(model, [torch.tensor(r, device=dev) for r in rows], max_new_tokens, usable=usable,
+                        temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=gen):
+        if first is None:
+            first = time.perf_counter()
+        new[tok.row].append(tok.token)
+        if on_token is not None:
+            on_token(tok.row, tok.token)
+    end = time.perf_counter()
+    decoded = sum(len(n) for n in new) - len(rows)  # the tokens after each row's first
+    timing = {"dtype": dtype, "prefill_s": (first or end) - start, "decode_s": end - (first or end),
+              "tokens_per_s": decoded / (end - first) if first is not None and end > first and decoded > 0 else None}
+
+    def row(ids: list[int], out: list[int], unprompted: bool) -> dict[str, Any]:
+        r: dict[str, Any] = {"prompt_ids": ids, "ids": out}
+        if codec is not None:
+            r["prompt"] = "" if unprompted else codec.decode(ids)
+            r["text"] = codec.decode(out)
+        return r
+
+    unprompted = texts is None and id_rows is None
+    head = {"checkpoint": str(ckpt.path), "step": ckpt.step}
+    if len(rows) == 1:
+        return {**head, **row(rows[0], new[0], unprompted), **timing}
+    return {**head, "rows": [row(r, n, unprompted) for r, n in zip(rows, new)], **timing}
 
 
 def document_start(codec: TextCodec) -> list[int]:
@@ -253,21 +295,3 @@ def document_start(codec: TextCodec) -> list[int]:
         return codec.encode("\n\n")
     except ValueError:  # a character vocabulary without a newline
         return [0]
-
-
-@torch.no_grad()
-def _sample(model, prompt: torch.Tensor, max_new_tokens: int, usable: int, **sampling) -> list[int]:
-    """`MemoryLM.generate`'s incremental loop, restricted to the first ``usable`` ids: a char-level
-    model may have more ids than its text has characters, and those ids mean nothing."""
-    from ..model import sample_next
-
-    logits, state = model.step(prompt, None)
-    new: list[int] = []
-    for _ in range(max_new_tokens):
-        last = logits[:, -1].float()
-        if usable < last.shape[-1]:
-            last[:, usable:] = float("-inf")
-        nxt = sample_next(last, **sampling)
-        new.append(int(nxt[0]))
-        logits, state = model.step(nxt[:, None], state)
-    return new
