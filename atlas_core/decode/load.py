@@ -26,6 +26,11 @@ def load_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
     """The model of a run or checkpoint directory in eval mode, its weights in ``dtype``, with
     ``spec``, ``codec``, ``tokenizer``, ``checkpoint``, ``trained_steps`` and ``task`` attached as
     `atlas_core.load` attaches them."""
+    return open_for_inference(path, dtype, device)[1]
+
+
+def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float32, device: str = "cpu"):
+    """``(checkpoint, model)``: `load_for_inference` with the verified checkpoint it read."""
     from ..model import build_model
     from ..train.checkpoint_preflight import check_weights_fit, checked_load_checkpoint
     from ..train.inference import _codec, _trained_task, resolve_device
@@ -46,7 +51,7 @@ def load_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
     model.tokenizer = model.codec.tokenizer if bpe else None
     model.checkpoint, model.trained_steps = ckpt.path, ckpt.step
     model.task = _trained_task(ckpt) or None
-    return model
+    return ckpt, model
 
 
-__all__ = ["load_for_inference", "dtype_of", "DTYPES"]
+__all__ = ["load_for_inference", "open_for_inference", "dtype_of", "DTYPES"]
