@@ -16,10 +16,11 @@ there).
 
 Returning memory to the kernel is what costs on the CPU: every page given back is faulted in
 again (zeroed) when reused. Sending the big tensors to ``mmap`` (``M_MMAP_THRESHOLD`` = 1 MiB)
-brings Atlas' resident growth to its live tensors plus a constant, but made the same fwd+bwd 60-70%
-slower in CPU time (4.5 million page faults at T = 256 instead of 0.5 million); trimming whenever
-glibc's free bytes exceed a budget did the same (trimmed pages stay counted as free, so it trimmed
-again at every look). Neither is a default.
+brings Atlas' resident growth down to its live tensors plus a constant, but cost the same fwd+bwd
+70-80% more CPU time (4.5 million page faults at T = 256 instead of 0.5-0.7 million: this
+machine's page faults cost about 3 us each); trimming whenever glibc's free bytes exceed a budget
+cost 28% at T = 1,024 (trimmed pages stay counted as free, so it trimmed again at every look).
+Neither is a default.
 
 What `configure` does instead (once per process, where the process starts: the ``atlas`` CLI,
 `atlas_core.train.launch.train`):
