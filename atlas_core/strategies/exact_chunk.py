@@ -29,6 +29,9 @@ class ExactChunkParams(Params):
 
 class ExactChunk(Strategy):
     name = "core:exact_chunk"
+    #: a registered kernel backend of this strategy runs a call its verifier accepts (e.g. fla's
+    #: chunk kernels on a GPU, once certified: docs/kernels.md); ``ATLAS_BACKEND`` forces one
+    uses_backends = True
 
     def __init__(self, params: ExactChunkParams | None = None) -> None:
         self.params = params or ExactChunkParams()
@@ -104,6 +107,12 @@ class ExactChunk(Strategy):
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, rule, p):
+        backend = self.bound_backends().select(self, rule, p)
+        if backend is not None:
+            return backend.run(self, rule, p)
+        return self.run_torch(rule, p)
+
+    def run_torch(self, rule, p):
         f = rule.form
         if f.retention_shape == "key" or f.error == "dot":
             return run_key_decay(rule, p, self.chunk_size)  # GLA / KDA, and the dot bias

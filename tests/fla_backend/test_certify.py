@@ -40,7 +40,8 @@ def test_atlas_check_fla_runs_the_kit_on_the_backends(stand_in):
     assert light == {"passed"}
     ops = {c["op"] for c in stand_in}
     assert {"chunk_gla", "chunk_simple_gla"} <= ops  # core:chunkwise handed them the kit's calls
-    assert {c["T"] for c in stand_in} == {70}  # past fla's 64-token chunk (on a GPU)
+    lengths = {c["T"] for c in stand_in}  # the kit's calls reach the backends through both strategies
+    assert 70 in lengths and min(lengths) > 64  # past fla's 64-token chunk (on a GPU)
     assert certificates.load()[0] == []  # checking records nothing
 
 
@@ -84,12 +85,8 @@ def test_a_backend_the_kit_never_reached_is_not_certified(stand_in, certs):
     certified only if that strategy really handed them the kit's calls."""
     code, out = atlas("fla", "certify", "fla:kda")
     (row,) = json.loads(out)
-    if ExactChunk.uses_backends:
-        assert code == 0 and row["certified"] and row["calls"] > 0
-    else:
-        assert code == 1 and not row["certified"] and row["calls"] == 0
-        assert row["reason"].startswith("the kit's calls never reached it: core:exact_chunk ran them")
-        assert certificates.load()[0] == []
+    assert ExactChunk.uses_backends
+    assert code == 0 and row["certified"] and row["calls"] > 0
 
 
 def test_certify_without_a_device(certs):

@@ -13,7 +13,6 @@ pytest.importorskip("fla.ops")
 
 from atlas_core.backends import bind_backends, explain  # noqa: E402
 from atlas_core.errors import StrategyError  # noqa: E402
-from atlas_core.strategies.exact_chunk import ExactChunk  # noqa: E402
 from atlas_plugins.fla_backend import certificates  # noqa: E402
 from atlas_plugins.fla_backend.availability import device_name  # noqa: E402
 from tests.fla_backend.calls import assert_same, call, rule_of, through  # noqa: E402
@@ -121,10 +120,7 @@ def test_exact_chunk_binds_only_certified_backends(stand_in):
     assert strat.name == "core:exact_chunk"
     assert bind_backends("core:exact_chunk").select(strat, rule, p) is be
     row = rows("core:exact_chunk")["fla:kda"]
-    if not ExactChunk.uses_backends:  # `atlas env` says the backends are listed but not used
-        assert row["status"] == "unused" and "does not hand its calls to kernel backends" in row["reason"]
-    else:
-        assert row["status"] == "available"
+    assert row["status"] == "available"
 
 
 def test_a_model_under_auto_runs_through_the_certified_backend(stand_in):
