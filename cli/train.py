@@ -2,7 +2,7 @@
 
 Without SPEC the embedded default (a small delta-rule model on MQAR) is trained. Overrides
 (``model.d_model=64 train.lr=1e-3``) and the common flags (``--steps``, ``--lr``, ``--batch-size``,
-``--seq-len``, ``--seed``, ``--device``) change the spec before it is validated
+``--seq-len``, ``--seed``, ``--device``, ``--grad-accum``, ``--threads``) change the spec before it is validated
 (`atlas_core.spec.overrides`) and are saved in the run's resolved ``spec.toml``. The command runs
 `atlas_core.api.train`, the Python API, and prints its result. Progress (step,
 loss, tokens/s, ETA) goes to stderr; the final accuracy to stdout (JSON with ``--format json``).
@@ -62,6 +62,7 @@ def train(
     resume: Annotated[Optional[str], typer.Option("--resume", help="continue from a checkpoint or run directory")] = None,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="data-parallel processes (gloo on CPU, NCCL on CUDA)")] = 1,
     context_parallel: Annotated[int, typer.Option("--context-parallel", min=1, help="split each sequence along time over R processes (memory layers pass their state between them; --nproc defaults to R)")] = 1,
+    grad_accum: Annotated[Optional[int], typer.Option("--grad-accum", min=1, metavar="N", help="accumulate gradients over N micro-batches of --batch-size rows per optimizer step (= train.grad_accum=N): a step learns from N x batch_size rows", show_default=False)] = None,
     threads: Annotated[Optional[str], typer.Option("--threads", metavar="N|auto", help="torch intra-op threads per process (= train.threads=N; default auto: the idle physical cores, 1 per process under torchrun, OMP_NUM_THREADS when set)", show_default=False)] = None,
     shard: Annotated[Shard, typer.Option("--shard", help="data-parallel engine with N processes: ddp (a whole model per process) or fsdp (each process holds 1/N of the parameters and optimiser state; checkpoints stay whole; resume such a run with ddp)")] = Shard.ddp,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="show the progress bar on stderr")] = True,
@@ -75,6 +76,8 @@ def train(
     if threads is not None:  # a number, or a string the spec check refuses with its message
         value = threads.strip()
         texts = [*texts, f"train.threads={value if value.isdigit() else repr(value)}"]
+    if grad_accum is not None:
+        texts = [*texts, f"train.grad_accum={grad_accum}"]
     overrides = overrides_of(texts, steps=steps, lr=lr, batch_size=batch_size, seq_len=seq_len,
                              seed=seed, device=device.value if device else None)
     try:
@@ -105,6 +108,7 @@ def register(app: typer.Typer) -> None:
             "atlas train --resume runs/mqar --steps 4000",
             "atlas train examples/mqar_default.toml --nproc 2",
             "atlas train --threads 1",
+            "atlas train examples/text_char.toml --batch-size 4 --grad-accum 4",
             "atlas train examples/mqar_default.toml --nproc 2 --shard fsdp",
             "atlas train examples/mqar_default.toml --context-parallel 2",
         ),

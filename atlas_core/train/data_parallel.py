@@ -185,6 +185,29 @@ def engine(model: torch.nn.Module, info: DistInfo, mode: str, device: str,
     return wrap(model, info, mode, device)
 
 
+def no_sync(engine: torch.nn.Module, model: torch.nn.Module, mode: str, info: DistInfo):
+    """A callable returning the context in which a backward leaves the gradients unsynchronised
+    across ranks (gradient accumulation: every micro-batch but the last), or None for one
+    process: DDP's ``no_sync()`` (through a torch.compile wrapper), or FSDP2's
+    ``set_requires_gradient_sync(False)`` for the duration."""
+    if not info.active:
+        return None
+    if mode == "fsdp":
+        import contextlib
+
+        @contextlib.contextmanager
+        def unsynced():
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+
+        return unsynced
+    ddp = getattr(engine, "_orig_mod", engine)  # torch.compile's wrapper keeps the module there
+    return ddp.no_sync
+
+
 def rank_part(info: DistInfo, context_parallel: int, rows: torch.Tensor) -> torch.Tensor:
     """This rank's part of a global batch: its rows (`shard`), or with ``context_parallel`` > 1
     its time slice of every row."""

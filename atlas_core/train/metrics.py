@@ -44,15 +44,17 @@ def duration(seconds: float) -> str:
 
 def start_line(run_dir: Any, params: int, device: str, start: int, steps: int, batch: int,
                seq_len: int, precision: str = "fp32", compiled: bool = False, *,
-               processes: int = 1, mode: str = "", threads: str = "") -> str:
+               processes: int = 1, mode: str = "", threads: str = "", grad_accum: int = 1) -> str:
     """The first line of a run: where it goes, how big it is, what it will do, and where: the
-    device, the number of processes and how they share the work (``mode``), the threads."""
+    device, the number of processes and how they share the work (``mode``), the threads, and
+    the micro-batches of a step when gradients are accumulated."""
     what = f"steps {start + 1}-{steps} of {steps}" if start else f"{steps} steps"
     where = device + (f" x {processes} processes ({mode})" if processes > 1 else "")
     extra = (f", {precision}" + (", torch.compile" if compiled else "")
              + (f", {threads}" if threads else ""))
-    return (f"train: run {run_dir}, {params:,} parameters on {where}{extra}; {what} of "
-            f"{batch} x {seq_len} tokens")
+    rows = (f"{grad_accum} x {batch} x {seq_len} tokens ({grad_accum} micro-batches of {batch} "
+            "rows, gradients accumulated)" if grad_accum > 1 else f"{batch} x {seq_len} tokens")
+    return f"train: run {run_dir}, {params:,} parameters on {where}{extra}; {what} of {rows}"
 
 
 def eval_line(step: int, steps: int, result: dict[str, Any], train_loss: float | None,

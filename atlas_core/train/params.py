@@ -4,7 +4,8 @@
 [train]
 task = { use = "mqar", num_pairs = 8, seq_len = 64 }   # or task = "mqar"
 steps = 2000
-batch_size = 32
+batch_size = 32                # rows per forward pass (the global batch over all processes)
+grad_accum = 1                 # micro-batches per optimizer step: it sees batch_size x grad_accum rows
 lr = 3e-3                      # AdamW peak learning rate
 betas = [0.9, 0.95]
 weight_decay = 0.1
@@ -52,7 +53,11 @@ class TrainParams(Params):
 
     task: Any = Field("mqar", description="task name or {use = name, ...task params}")
     steps: int = size_field(1000, "steps", ge=1, description="optimizer steps in the whole run")
-    batch_size: int = size_field(32, "batch", ge=1, description="rows per step (the global batch)")
+    batch_size: int = size_field(32, "batch", ge=1, description="rows per forward pass (the "
+                                 "global batch; a step takes grad_accum of them)")
+    grad_accum: int = size_field(1, "batch", ge=1, description="micro-batches of batch_size rows "
+                                 "per optimizer step, their gradients accumulated: a step learns "
+                                 "from batch_size x grad_accum rows")
     seq_len: int | None = size_field(None, "seq_len", ge=2, description="overrides the task's seq_len when set")
     lr: float = Field(3e-3, gt=0, description="AdamW peak learning rate")
     betas: list[float] = Field(default_factory=lambda: [0.9, 0.95], description="AdamW betas")

@@ -35,7 +35,8 @@ class RunReport:
               processes: int, mode: str, threads: str, note: str | None) -> None:
         self.say(start_line(run_dir, params, device, step, p.steps, p.batch_size, seq_len,
                             p.precision, p.compile, processes=processes, mode=mode,
-                            threads=threads) + (f"; {note}" if note else ""))
+                            threads=threads, grad_accum=p.grad_accum)
+                 + (f"; {note}" if note else ""))
         from .optim import lr_at
 
         short = warmup_line(p.steps, p.warmup_steps, p.lr, lr_at(p.steps - 1, p))

@@ -215,7 +215,11 @@ def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
     files = {k: v for k, v in files.items() if v is not None}  # an unset param names no file
     if not files:
         return
-    refused = unverified_files(name, files, _checkpoint_meta(Path(source).parent))
+    meta = _checkpoint_meta(Path(source).parent)
+    if meta is None:  # a run's own spec.toml: it stopped before a checkpoint recorded its files
+        refused = {k: "no checkpoint of the run recorded its size and SHA-256" for k in files}
+    else:
+        refused = unverified_files(name, files, meta)
     if refused:
         key = sorted(refused)[0]
         raise CheckpointError(
@@ -226,13 +230,13 @@ def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
         )
 
 
-def _checkpoint_meta(path: Path) -> dict[str, Any]:
-    """The verified ``meta.json`` of the checkpoint directory ``path`` (``{}`` when ``path`` is
-    not a complete checkpoint: a run's own ``spec.toml`` has no record of its files)."""
+def _checkpoint_meta(path: Path) -> dict[str, Any] | None:
+    """The verified ``meta.json`` of the checkpoint directory ``path`` (``{}`` when it cannot be
+    read), or None when ``path`` is no checkpoint (a run directory: its own ``spec.toml``)."""
     from .checkpoint import MANIFEST, read_meta
 
     if not (path / MANIFEST).is_file():
-        return {}
+        return None
     try:
         return read_meta(path)
     except CheckpointError:

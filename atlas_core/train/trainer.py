@@ -3,12 +3,14 @@
 One optimizer step ``s`` (0-based):
 
 1. ``lr = lr_at(s)`` (warm-up, then cosine to ``min_lr``);
-2. ``inputs, targets = task.batch(batch_size, data_generator)``: ``[B, T]`` each (the global batch;
-   with N processes each keeps ``B / N`` rows, see `data_parallel`); with ``[train] pack = true``
+2. ``inputs, targets = task.batch(batch_size * grad_accum, data_generator)``: ``[B, T]`` each (the
+   global batch; with N processes each keeps ``B / N`` rows, see `data_parallel`); with
+   ``[train] pack = true``
    the task's `packed_batch` also says where documents begin and the rows run as packed
    documents (``cu_seqlens``, `atlas_core.varlen`), no target the first token of a document;
-3. `step.optimizer_step`: the masked cross-entropy over the global count of targets, backward,
-   clipping, ``AdamW.step()`` (bf16 autocast with ``precision = "bf16"``; ``compile = true``
+3. `step.optimizer_step`: the masked cross-entropy over the global count of targets, backward
+   (``grad_accum`` micro-batches of ``batch_size`` rows, gradients accumulated, exchanged between
+   processes after the last), clipping, ``AdamW.step()`` (bf16 autocast with ``precision = "bf16"``; ``compile = true``
    trains through ``torch.compile(model)``: `compile`).
 
 Every ``log_every`` steps a ``train`` record goes to ``metrics.jsonl``; every ``eval_every`` steps
@@ -124,6 +126,7 @@ class Trainer:
         torch.manual_seed(p.seed)  # the model's initial weights
         self.model = build_model(spec).to(self.device)
         self.forward = self.model  # what a training step calls (torch.compile's wrapper or the model)
+        self.no_sync = None  # N processes: the context of a micro-batch whose gradients wait
         if p.precision == "bf16":  # bf16 activations meet fp32 norm weights: torch's unfused path
             warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
         if p.compile:
@@ -163,6 +166,7 @@ class Trainer:
             return
         engine = data_parallel.engine(self.model, self.dist, self.shard, self.device, self.cp)
         self.forward = torch.compile(engine, backend=COMPILE_BACKEND) if self.p.compile else engine
+        self.no_sync = data_parallel.no_sync(engine, self.model, self.shard, self.dist)
         if self.shard == "fsdp":
             self.params = [q for _, q in named_unique_parameters(self.model)]
             self.optimizer = build_optimizer(self.model, self.p)
@@ -178,12 +182,14 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor,
                    starts: torch.Tensor | None = None) -> dict[str, float]:
-        """One optimizer step on this rank's rows (`step.optimizer_step`); returns the global
-        loss, accuracy and gradient norm."""
+        """One optimizer step on this rank's rows (`step.optimizer_step`: ``grad_accum``
+        micro-batches, gradients exchanged between processes after the last); returns the
+        global loss, accuracy and gradient norm."""
         self.model.train()
         return optimizer_step(self.forward, self.params, self.optimizer, inputs, targets, starts,
                               dist=self.dist, grad_clip=self.p.grad_clip,
-                              autocast=autocast_for(self.p.precision, self.device))
+                              autocast=autocast_for(self.p.precision, self.device),
+                              micro_batches=self.p.grad_accum, no_sync=self.no_sync)
 
     # -- checkpoints --------------------------------------------------------------------------
     def rng_state(self) -> dict[str, torch.Tensor]:
@@ -255,7 +261,7 @@ class Trainer:
                                                   torchrun=from_env() is not None)
         torch.set_num_threads(count)
         self._t0 = time.perf_counter()
-        clock = StepClock(self.step, p.batch_size * self.task.seq_len)
+        clock = StepClock(self.step, p.batch_size * p.grad_accum * self.task.seq_len)
         previous = self._install_sigint()
         progress = self.report.bar(self.show_progress, p.steps, self.step)
         self._announce(describe(count, why, self.dist.world))
@@ -302,12 +308,15 @@ class Trainer:
 
     def _batch(self):
         """This rank's part of the next global batch on the device: ``(inputs, targets,
-        starts)``, ``starts`` (where each packed document begins) None unless ``pack``."""
+        starts)``, ``starts`` (where each packed document begins) None unless ``pack``. With
+        ``grad_accum = N`` the step's N micro-batches are drawn as one batch of N x batch_size
+        rows (the rows a batch that large would have), which the step splits."""
         p = self.p
+        n = p.batch_size * p.grad_accum
         if p.pack:
-            rows = self.task.packed_batch(p.batch_size, self.data_gen)
+            rows = self.task.packed_batch(n, self.data_gen)
         else:
-            rows = (*self.task.batch(p.batch_size, self.data_gen), None)
+            rows = (*self.task.batch(n, self.data_gen), None)
         return tuple(None if t is None else data_parallel.rank_part(self.dist, self.cp, t).to(
             self.device, non_blocking=True) for t in rows)
 

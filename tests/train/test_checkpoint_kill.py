@@ -239,7 +239,8 @@ def test_restarting_an_unsaved_run_does_not_let_its_spec_choose_a_file(atlas, tm
     code, out = atlas(["train", spec, "--out", run, "--no-progress"], tmp_path, {KILL_ENV: "manifest:1"})
     assert code == -signal.SIGKILL, out
     code, out = atlas(["train", "--resume", run, "--no-progress"], tmp_path)
-    assert code == 1 and "cannot choose which local files are read" in out, out
+    assert code == 1 and "is read again only when it is the file the run read: no checkpoint " \
+        "of the run recorded its size and SHA-256" in out, out
     assert "Traceback" not in out
     code, out = atlas(["train", spec, "--resume", run, "--no-progress"], tmp_path)  # named: fine
     assert code == 0, out
