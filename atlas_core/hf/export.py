@@ -1,11 +1,14 @@
 """Export a training checkpoint to a Hugging Face directory (``atlas export-hf``).
 
 The directory holds what ``save_pretrained`` writes: ``config.json`` (an `AtlasConfig`: the
-checkpoint's resolved spec and text codec), ``model.safetensors`` (the native weights under
-``model.``, a tied tensor stored once) and ``generation_config.json``; for a BPE text model also
-its tokenizer (``tokenizer.json``, ``tokenizer_config.json``: ``AutoTokenizer`` opens it). When a
-text model's vocabulary (characters, or BPE tokens) is smaller than ``vocab_size``, the ids past
-it are listed in ``suppress_tokens``, as ``atlas generate`` never samples them.
+checkpoint's resolved spec and text codec, and an ``auto_map`` naming the remote code),
+``model.safetensors`` (the native weights under ``model.``, a tied tensor stored once),
+``generation_config.json`` and the remote code (``configuration_atlas.py``, ``modeling_atlas.py``:
+`atlas_core.hf.remote_code`, so clients that never import ``atlas_core`` load it with
+``trust_remote_code=True``); for a text model also its tokenizer (``tokenizer.json``,
+``tokenizer_config.json``: ``AutoTokenizer`` opens it; byte, char or BPE, `atlas_core.hf.tokenizer`).
+When a text model's vocabulary (characters, or BPE tokens) is smaller than ``vocab_size``, the
+ids past it are listed in ``suppress_tokens``, as ``atlas generate`` never samples them.
 
 The directory is written under a temporary name next to ``out_dir`` and renamed into place, so an
 interrupted export leaves no half-written directory; an existing non-empty ``out_dir`` is only
@@ -37,14 +40,11 @@ def usable_ids(codec: Any, vocab_size: int) -> int:
 
 
 def _save_tokenizer(codec: Any, out: Path) -> None:
-    """The BPE tokenizer as a Hugging Face fast tokenizer (``AutoTokenizer.from_pretrained``)."""
-    from transformers import PreTrainedTokenizerFast
+    """The text codec as a Hugging Face fast tokenizer (``AutoTokenizer.from_pretrained``):
+    byte, char or the BPE tokenizer (`atlas_core.hf.tokenizer`)."""
+    from .tokenizer import hf_tokenizer
 
-    from ..train.tokenizer import EOT
-
-    tok = codec.tokenizer
-    special = {"eos_token": EOT} if tok.token_to_id(EOT) is not None else {}
-    PreTrainedTokenizerFast(tokenizer_object=tok, **special).save_pretrained(out)
+    hf_tokenizer(codec).save_pretrained(out)
 
 
 def _normal_modes(folder: Path) -> None:
@@ -97,7 +97,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     hf_logging.disable_progress_bar()  # the command prints its own summary
     try:
         hf.save_pretrained(tmp)
-        if codec is not None and codec.mode == "bpe":
+        if codec is not None:
             _save_tokenizer(codec, tmp)
         _normal_modes(tmp)
         if out.exists():

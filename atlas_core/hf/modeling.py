@@ -124,6 +124,22 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
         model._restore_buffers()
         return (model, info) if want_info else model
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> Any:
+        """``PreTrainedModel.save_pretrained``, plus the remote code (`remote_code`: two small
+        modules that import the installed ``atlas_core``) named in ``config.json``'s
+        ``auto_map``: every directory an atlas model is saved to loads with
+        ``trust_remote_code=True`` in a process that never imported ``atlas_core`` itself."""
+        from pathlib import Path
+
+        from .remote_code import AUTO_MAP, sources
+
+        self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **AUTO_MAP}
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            for name, text in sources().items():
+                (Path(save_directory) / name).write_text(text, encoding="utf-8")
+        return out
+
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the cache is an AtlasMemoryCache, made by forward
