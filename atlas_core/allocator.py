@@ -35,7 +35,9 @@ What `configure` does instead (once per process, where the process starts: the `
    trim. ``malloc_trim`` releases the whole free pages inside the heap (not only its top). The
    baseline is re-read after each trim, so memory that trimming cannot release (Python's own
    arenas, library buffers) never makes it trim again; a process whose heap keeps less than 256
-   MiB free never trims at all.
+   MiB free never trims at all. Two trims are at least `MIN_GAP_CPU_S` of the process's CPU time
+   apart: a trim also gives back the free pages a computation is about to reuse (one Atlas
+   chunk's working set), and each of those is faulted in again.
 
 Effect (docs/benchmarks.md): Atlas fwd+bwd at T = 1,024 resident growth 604 MiB instead of 1,193
 MiB at the same CPU time (62.5 s against 62.6 s); at T = 4,096 see the docs' table.
@@ -66,6 +68,10 @@ TRIM_THRESHOLD = 1 << 30
 FLOOR_BYTES = 256 << 20
 FRACTION = 0.25
 INTERVAL_S = 0.2
+#: process CPU seconds between two trims at least: a trim gives back the free pages of the
+#: working set too, which are faulted in again (about 0.2 s of CPU for Atlas' 250 MiB), so this
+#: caps the cost at a few percent; the heap can outgrow the budget by what it grows in that time
+MIN_GAP_CPU_S = 4.0
 #: environment variables by which the user chose glibc's behaviour; any of them set: do nothing
 GLIBC_VARIABLES = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
                    "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX")
@@ -117,10 +123,12 @@ def in_use(libc: ctypes.CDLL) -> int:
 class Keeper:
     """The trim thread's rule (see module docstring), one `check` per look."""
 
-    def __init__(self, libc: ctypes.CDLL, floor: int = FLOOR_BYTES, fraction: float = FRACTION):
-        self.libc, self.floor, self.fraction = libc, floor, fraction
+    def __init__(self, libc: ctypes.CDLL, floor: int = FLOOR_BYTES, fraction: float = FRACTION,
+                 min_gap_cpu_s: float = MIN_GAP_CPU_S):
+        self.libc, self.floor, self.fraction, self.min_gap = libc, floor, fraction, min_gap_cpu_s
         self.trims = 0
         self.base = self.waste()
+        self.last = -float("inf")  # process CPU time of the last trim
 
     def waste(self) -> int:
         """Anonymous resident bytes that malloc does not count as in use."""
@@ -128,6 +136,9 @@ class Keeper:
 
     def check(self) -> bool:
         """Trim when the freed-but-resident memory grew past the budget; True if it trimmed."""
+        now = time.process_time()
+        if now - self.last < self.min_gap:
+            return False
         used = in_use(self.libc)
         grown = (rss_anon() or 0) - used - self.base
         if grown <= max(self.floor, self.fraction * used):
@@ -135,6 +146,7 @@ class Keeper:
         self.libc.malloc_trim(0)
         self.trims += 1
         self.base = self.waste()
+        self.last = time.process_time()
         return True
 
 
@@ -148,7 +160,7 @@ def _loop(keeper: Keeper, interval: float) -> None:
 
 
 def configure(floor: int = FLOOR_BYTES, fraction: float = FRACTION,
-              interval: float = INTERVAL_S) -> dict[str, Any]:
+              interval: float = INTERVAL_S, min_gap_cpu_s: float = MIN_GAP_CPU_S) -> dict[str, Any]:
     """Set glibc's thresholds and start the trim thread (module docstring); once per process.
     Returns `status`."""
     with _lock:
@@ -170,13 +182,13 @@ def configure(floor: int = FLOOR_BYTES, fraction: float = FRACTION,
         else:
             ok = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1,
                   libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
-            keeper = Keeper(libc, floor, fraction)
+            keeper = Keeper(libc, floor, fraction, min_gap_cpu_s)
             thread = threading.Thread(target=_loop, args=(keeper, interval),
                                       name="atlas-malloc-trim", daemon=True)
             thread.start()
             _state.update(applied=True, mallopt=all(ok), keeper=keeper, thread=thread,
                           glibc=libc.gnu_get_libc_version().decode(), floor=floor,
-                          fraction=fraction, interval=interval)
+                          fraction=fraction, interval=interval, min_gap_cpu_s=min_gap_cpu_s)
         return status()
 
 

@@ -50,7 +50,7 @@ def test_configure_serves_4_mib_from_the_heap():
 FRAGMENTED = """
     import ctypes, time
     from atlas_core import allocator
-    st = allocator.configure(floor=32 << 20, fraction=0.0, interval=0.02)
+    st = allocator.configure(floor=32 << 20, fraction=0.0, interval=0.02, min_gap_cpu_s=0.0)
     libc = allocator.glibc()
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
@@ -119,3 +119,31 @@ def test_the_atlas_cli_and_train_configure_it(monkeypatch):
     monkeypatch.setattr(launch, "_train", lambda *a: {"ok": True})
     assert launch.train(object()) == {"ok": True}
     assert calls == ["cli", "train"]
+
+
+def test_trims_only_past_the_budget_and_not_more_often_than_the_cpu_gap(monkeypatch):
+    """`Keeper.check` with a stand-in C library: 100 MiB in use, resident memory growing."""
+
+    class FakeLibc:
+        trims = 0
+
+        def mallinfo2(self):
+            return allocator._MallInfo2(uordblks=100 << 20)
+
+        def malloc_trim(self, pad):
+            FakeLibc.trims += 1
+
+    rss = {"now": 100 << 20}
+    monkeypatch.setattr(allocator, "rss_anon", lambda: rss["now"])
+    clock = {"now": 0.0}
+    monkeypatch.setattr(allocator.time, "process_time", lambda: clock["now"])
+    keeper = allocator.Keeper(FakeLibc(), floor=64 << 20, fraction=0.25, min_gap_cpu_s=4.0)
+    rss["now"] += 60 << 20  # 60 MiB freed but resident: under max(64 MiB, 25 MiB)
+    assert not keeper.check() and FakeLibc.trims == 0
+    rss["now"] += 10 << 20  # 70 MiB: over
+    assert keeper.check() and FakeLibc.trims == 1  # the base is re-read after the trim: 70 MiB
+    rss["now"] += 80 << 20  # over again, but only 1 CPU second later
+    clock["now"] += 1.0
+    assert not keeper.check()
+    clock["now"] += 3.0
+    assert keeper.check() and FakeLibc.trims == 2
