@@ -118,13 +118,18 @@ def _install_doc_package(package: str, dist: str, namespace: str, files: list[st
 
 
 # the strategy example of "Writing a strategy", and the standalone rule of "Walkthrough: a
-# MesaNet-style least-squares rule" with its "# mesa.toml" spec, which the doc's commands check
-# and train
+# MesaNet-style least-squares rule" with its spec (the doc shows its [memory] and [layer] tables:
+# a whole spec of a plugin the test process lacks would fail tests/test_docs_specs.py), which the
+# doc's commands check and train
 _INSTALL_STRATEGY_EXAMPLE = _install_doc_package("atlas_acme_chunks", "atlas-acme-chunks", "acme_chunks",
                                                  ["plugin.py", "chunked.py"])
+_MESA_SPEC_HEAD = ('schema = "atlas/1"\nname = "mesa-small"\n\n[model]\narch = "core:lm"\nvocab_size = 64\n'
+                   'd_model = 32\ndepth = 2\nheads = 2\n\n[train]\ntask = { use = "mqar", num_pairs = 4, '
+                   'seq_len = 32 }\nsteps = 200\nbatch_size = 8\nlr = 3e-3\nwarmup_steps = 10\n'
+                   'eval_every = 100\n\n')
 _INSTALL_STANDALONE_EXAMPLE = _install_doc_package("acme_mesa", "acme-mesa", "mesa", ["rule.py", "plugin.py"]) + (
-    "spec = re.search(r'```toml\\n# mesa\\.toml\\n(.*?)```', doc, re.S).group(1)\n"
-    "pathlib.Path('mesa.toml').write_text(spec)\n"
+    "tables = re.search(r'```toml\\n# in mesa\\.toml[^\\n]*\\n(.*?)```', doc, re.S).group(1)\n"
+    f"pathlib.Path('mesa.toml').write_text({_MESA_SPEC_HEAD!r} + tables)\n"
 )
 
 # the reader's own checkpoint directory of the import guide: a small random Qwen3.5 saved by
