@@ -108,3 +108,30 @@ def test_the_old_blind_spots_pass_the_old_checks(planted, monkeypatch):
         code, rows = _check("--check", "check_strategies_match_sequential", "--check", "check_split_calls",
                             "--check", "check_gradients_match_reference")
         assert code == 0 and {r["status"] for r in rows} == {"passed"}, (bug, rows)
+
+
+def test_core_lm_hosts_the_standalone_rule_and_auto_takes_its_own_strategy_when_allowed(planted):
+    """docs/plugins.md's walkthrough: the rule's params in [memory], its gates' biases in [layer];
+    "auto" is core:sequential (the bundled strategies refuse a standalone rule) unless the
+    plugin's namespace is allowed, and then its own strategy, the only candidate, runs it."""
+    import torch
+
+    from atlas_core import build_model
+    from atlas_core.spec import load_spec
+
+    spec = {"schema": "atlas/1", "name": "mesa",
+            "model": {"arch": "core:lm", "vocab_size": 16, "d_model": 16, "depth": 1, "heads": 2},
+            "memory": {"use": "planted:mesa", "lam": 0.5}, "layer": {"gate_bias": {"forget": 3.0}}}
+    plain = load_spec(spec)
+    assert plain.memory["lam"] == 0.5 and plain.memory["parallel"] == {"use": "core:sequential"}
+    allowed = load_spec({**spec, "memory": {**spec["memory"], "parallel": {"use": "auto", "allow": ["planted"]}}})
+    assert allowed.memory["parallel"] == {"use": "planted:mesa_chunks", "chunk_size": 64}
+    ids = torch.randint(0, 16, (2, 9), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for name, s in (("sequential", plain), ("chunks", allowed)):
+        torch.manual_seed(0)
+        model = build_model(s).double()
+        layer = next(m for m in model.modules() if type(m).__name__ == "MemoryLayer")
+        assert layer.gate_names == ("forget", "write")
+        logits[name] = model(ids)
+    assert torch.allclose(logits["chunks"], logits["sequential"], rtol=0, atol=1e-10)
