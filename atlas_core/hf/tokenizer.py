@@ -69,4 +69,7 @@ def hf_tokenizer(codec: Any):
 
         if tok.token_to_id(EOT) is not None:
             special["eos_token"] = EOT
-    return PreTrainedTokenizerFast(tokenizer_object=tok, **special)
+    # no "clean-up" of decoded text (transformers' older default turns " ." into "."): the
+    # text is the codec's, byte for byte
+    return PreTrainedTokenizerFast(tokenizer_object=tok, clean_up_tokenization_spaces=False,
+                                   **special)

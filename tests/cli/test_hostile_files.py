@@ -300,12 +300,10 @@ def _forge_text_task(files, name: str, secret: Path) -> Path:
     return d
 
 
-def test_eval_never_reads_a_path_named_by_the_checkpoint(files, monkeypatch):
+def _eval_refused_without_reading(ckpt: Path, monkeypatch) -> str:
+    """`atlas eval CKPT` with the text task's file reading made to fail the test: the one error
+    line it prints (exit 1, nothing on stdout)."""
     from atlas_core.train.tasks import text
-
-    secret = files["root"] / "secret.txt"
-    secret.write_text("x" * 12345)
-    ckpt = _forge_text_task(files, "meta-names-a-file", secret)
 
     def no_read(*args, **kwargs):
         raise AssertionError("the text task read a file named by the checkpoint")
@@ -314,6 +312,14 @@ def test_eval_never_reads_a_path_named_by_the_checkpoint(files, monkeypatch):
     r = runner.invoke(make_app(plugin_apps=False), ["eval", str(ckpt)])
     assert r.exit_code == 1 and r.stdout == ""
     (line,) = r.stderr.strip().splitlines()
+    return line
+
+
+def test_eval_never_reads_a_path_named_by_the_checkpoint(files, monkeypatch):
+    secret = files["root"] / "secret.txt"
+    secret.write_text("x" * 12345)
+    ckpt = _forge_text_task(files, "meta-names-a-file", secret)
+    line = _eval_refused_without_reading(ckpt, monkeypatch)
     assert line.startswith("error: --task: the checkpoint was trained on core:text with path = ")
     assert "a checkpoint's file is read again only when it is the file the run read" in line
     assert "records no fingerprint" in line
@@ -332,21 +338,12 @@ def _fingerprint(ckpt: Path, secret: Path, size: int, digest: str) -> None:
 def test_eval_refuses_a_file_that_is_not_the_one_recorded(files, monkeypatch, forged):
     """A forged fingerprint (of a size or a content the file does not have) never gets the file
     read by the task, and the error shows neither its size nor its content."""
-    from atlas_core.train.tasks import text
-
     secret = files["root"] / "secret.txt"
     secret.write_text("x" * 12345)
     ckpt = _forge_text_task(files, f"forged-{forged}", secret)
     _fingerprint(ckpt, secret, 12345 if forged == "sha256" else 999,
                  hashlib.sha256(b"y" * 12345).hexdigest())
-
-    def no_read(*args, **kwargs):
-        raise AssertionError("the text task read a file named by the checkpoint")
-
-    monkeypatch.setattr(text, "_read", no_read)
-    r = runner.invoke(make_app(plugin_apps=False), ["eval", str(ckpt)])
-    assert r.exit_code == 1 and r.stdout == ""
-    (line,) = r.stderr.strip().splitlines()
+    line = _eval_refused_without_reading(ckpt, monkeypatch)
     assert "is not the one the run read" in line and "xxxx" not in line
     assert ("12345" not in line and "12,345" not in line) if forged == "size" else "SHA-256" in line
 
