@@ -112,7 +112,7 @@ def generate(
 def _stream_for(checkpoint: str, prompt: str | None) -> Stream:
     """A `Stream` with the checkpoint's text codec (None for an id model)."""
     from atlas_core.train.checkpoint_preflight import checked_load_checkpoint
-    from atlas_core.train.inference import checkpoint_codec
+    from atlas_core.train.task_record import checkpoint_codec
 
     return Stream(checkpoint_codec(checked_load_checkpoint(checkpoint)), prompt, None)
 

@@ -76,7 +76,7 @@ def export(
 ) -> None:
     """Write the tokenizer a bpe text model was trained with (kept in its checkpoint) to a file."""
     from atlas_core.train.checkpoint import load_checkpoint
-    from atlas_core.train.inference import checkpoint_codec
+    from atlas_core.train.task_record import checkpoint_codec
 
     ckpt = load_checkpoint(checkpoint)
     codec = checkpoint_codec(ckpt)

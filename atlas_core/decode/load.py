@@ -33,7 +33,8 @@ def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
     """``(checkpoint, model)``: `load_for_inference` with the verified checkpoint it read."""
     from ..model import build_model
     from ..train.checkpoint_preflight import check_weights_fit, checked_load_checkpoint
-    from ..train.inference import _codec, _trained_task, resolve_device
+    from ..train.setup import resolve_device
+    from ..train.task_record import checkpoint_codec, trained_task
 
     dtype = dtype_of(dtype)
     ckpt = checked_load_checkpoint(str(path))
@@ -46,11 +47,11 @@ def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
         torch.set_default_dtype(previous)
     ckpt.load_model(model)
     model = model.to(resolve_device(device)).eval()
-    model.spec, model.codec = ckpt.spec, _codec(ckpt)
+    model.spec, model.codec = ckpt.spec, checkpoint_codec(ckpt)
     bpe = model.codec is not None and getattr(model.codec, "mode", None) == "bpe"
     model.tokenizer = model.codec.tokenizer if bpe else None
     model.checkpoint, model.trained_steps = ckpt.path, ckpt.step
-    model.task = _trained_task(ckpt) or None
+    model.task = trained_task(ckpt) or None
     return ckpt, model
 
 

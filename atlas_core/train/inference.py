@@ -33,6 +33,7 @@ from ..errors import Issue, SpecError
 from ..host.registry import split_use
 from .checkpoint import Checkpoint, CheckpointError
 from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
+from .task_record import checkpoint_codec, trained_task
 from .codec import TextCodec
 from .evaluate import build_task, evaluate, held_out, without_file_params
 from .setup import resolve_device
@@ -67,35 +68,10 @@ def open_checkpoint(path: str, device: str = "auto") -> tuple[Checkpoint, torch.
     return ckpt, model.to(dev).eval(), dev
 
 
-def _trained_task(ckpt: Checkpoint) -> dict[str, Any]:
-    """``meta["task"]`` of ``ckpt`` as a mapping with a mapping ``params`` (a forged or damaged
-    ``meta.json`` is one `CheckpointError`, not a TypeError deep in the task code)."""
-    meta = ckpt.meta if isinstance(ckpt.meta, dict) else {}
-    trained = meta.get("task") or {}
-    if (not isinstance(trained, dict) or not isinstance(trained.get("params", {}), dict)
-            or not isinstance(trained.get("use", ""), (str, type(None)))):
-        raise CheckpointError(f"{ckpt.path / 'meta.json'}: 'task' is not a table with a task "
-                              "name 'use' and a 'params' table; use an earlier checkpoint")
-    return trained
-
-
-def checkpoint_codec(ckpt: Checkpoint) -> TextCodec | None:
-    """How the checkpoint's model turns text into ids and back (None: its task has no text)."""
-    return _codec(ckpt)
-
-
-def _codec(ckpt: Checkpoint) -> TextCodec | None:
-    trained = _trained_task(ckpt)
-    try:
-        return TextCodec.from_task_meta(trained)
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt.path / 'meta.json'}: {exc}; use an earlier checkpoint") from None
-
-
 def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     """The task to evaluate ``ckpt`` on (see the module docstring)."""
     vocab = int(ckpt.spec.model.get("vocab_size", 0))
-    trained = _trained_task(ckpt)
+    trained = trained_task(ckpt)
     trained_use = trained.get("use")
     if task is None:
         name, raw = trained_use, {}
@@ -107,7 +83,7 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     if name is None:
         raise SpecError([Issue("--task", "the checkpoint records no task; name one", None,
                                "e.g. --task mqar")])
-    codec = _codec(ckpt)
+    codec = checkpoint_codec(ckpt)
     own_tokenizer = False
     if name == trained_use:
         # The training params, except the files they name: those come from the command line, or
@@ -197,14 +173,14 @@ def _prompt_ids(codec: TextCodec | None, ckpt: Checkpoint, prompt: str | None, i
     without a prompt) the start of a document."""
     if prompt is None and ids is None:  # a text model samples from a document start; an id model needs its prompt
         if codec is None:
-            task = _trained_task(ckpt).get("use", "?")
+            task = trained_task(ckpt).get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids with no start of "
                 "their own; pass --prompt-ids, e.g. --prompt-ids '3 17 5'")
         return document_start(codec)
     if prompt is not None:
         if codec is None:
-            task = _trained_task(ckpt).get("use", "?")
+            task = trained_task(ckpt).get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids, not text; pass "
                 "--prompt-ids, e.g. --prompt-ids '3 17 5'"
