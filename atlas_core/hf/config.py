@@ -76,10 +76,17 @@ class AtlasConfig(PreTrainedConfig):
         except SpecError as exc:
             raise ValueError(f"config atlas_spec does not load here: {exc}") from None
         if self.atlas_spec_hash is not None and spec.spec_hash != self.atlas_spec_hash:
-            raise ValueError(
-                f"config atlas_spec resolves to spec_hash {spec.spec_hash}, the config says "
-                f"{self.atlas_spec_hash} (the installed components fill other defaults, or the "
-                "file was edited); install the plugin versions it was exported with")
+            # an export of an earlier version: its stored tables unedited (their own hash is the
+            # recorded one) and every value they state kept; fields it lacks take their defaults
+            from atlas_core.spec.compat import content_hash, stated_changes
+
+            changed = stated_changes(self.atlas_spec, spec.to_dict())
+            if content_hash(self.atlas_spec) != self.atlas_spec_hash or changed:
+                why = (f"the installed components resolve {', '.join(changed[:4])} otherwise" if changed
+                       else "the file was edited")
+                raise ValueError(
+                    f"config atlas_spec resolves to spec_hash {spec.spec_hash}, the config says "
+                    f"{self.atlas_spec_hash} ({why}); install the plugin versions it was exported with")
         return spec
 
     def codec(self):

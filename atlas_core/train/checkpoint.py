@@ -70,6 +70,7 @@ import shutil
 import signal
 import stat
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -79,6 +80,7 @@ from torch import nn
 
 from .errors import CheckpointError
 from .weights_io import file_sha256, read_into, write_tensors
+from ..spec.compat import content_hash, stated_changes
 from ..safe_files import FileRefusedError, check_regular_file, read_bounded
 # the run directory's file operations (lock, atomic writes) live in run_dir.py; the lock's
 # names stay importable from here
@@ -198,6 +200,9 @@ def save_checkpoint(
         "format": FORMAT,
         "step": step,
         "spec_hash": spec.spec_hash,
+        # the stored spec.toml's own tables, hashed: an unedited file is told from an edited one
+        # by a later version whose resolution fills fields this one did not have
+        "spec_stored_hash": content_hash(tomllib.loads(spec.to_toml())),
         "arch_hash": arch_hash(spec),
         "name": spec.name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -391,6 +396,8 @@ class Checkpoint:
     meta: dict[str, Any]
     spec: Any
     _blobs: dict[str, bytes] = field(default_factory=dict, repr=False)
+    #: what reading it noted (a spec written by an earlier version: `_spec_upgrade`)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def step(self) -> int:
@@ -531,10 +538,33 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         spec = _stored_spec(blobs["spec.toml"])
     except SpecError as exc:
         raise CheckpointError(f"{ckpt / 'spec.toml'}: the saved spec does not load here: {exc}") from None
-    if spec.spec_hash != manifest.get("spec_hash"):
+    notes = _spec_upgrade(ckpt, manifest, blobs["spec.toml"], spec)
+    checkpoint = Checkpoint(ckpt, manifest, meta, spec, blobs)
+    checkpoint.notes = notes
+    return checkpoint
+
+
+def _spec_upgrade(ckpt: Path, manifest: dict, data: bytes, spec: Any) -> list[str]:
+    """Check the stored spec against its resolution here: the same `spec_hash`, or (a spec an
+    earlier version wrote, whose resolution here fills fields that version did not have) every
+    value it states kept and, where the manifest records it, the stored tables unedited
+    (`atlas_core.spec.compat`). Returns the notes of an upgrade; an edited or changed spec is a
+    `CheckpointError`."""
+    recorded = manifest.get("spec_hash")
+    if spec.spec_hash == recorded:
+        return []
+    stored = tomllib.loads(data.decode())
+    why = ""
+    # a manifest without the stored hash (written before it was recorded) relies on the file's own
+    # SHA-256, checked already
+    if manifest.get("spec_stored_hash") not in (None, content_hash(stored)):
+        why = "the file was edited after it was saved"
+    changed = stated_changes(stored, spec.to_dict())
+    if changed and not why:
+        why = f"the installed components resolve {', '.join(changed[:4])} otherwise"
+    if why:
         raise CheckpointError(
             f"{ckpt / 'spec.toml'}: resolves to spec_hash {spec.spec_hash}, the manifest says "
-            f"{manifest.get('spec_hash')} (the installed components fill other defaults, or "
-            "the file was edited)"
-        )
-    return Checkpoint(ckpt, manifest, meta, spec, blobs)
+            f"{recorded} ({why}); install the versions it was saved with")
+    return [f"the spec was saved by an earlier version (spec_hash {recorded}); every value it states "
+            f"is kept, and this version's defaults fill the fields it lacks (spec_hash {spec.spec_hash})"]
