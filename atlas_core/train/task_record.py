@@ -24,8 +24,9 @@ def trained_task(ckpt: Any) -> dict[str, Any]:
 
 def checkpoint_codec(ckpt: Any) -> TextCodec | None:
     """How the checkpoint's model turns text into ids and back (None: its task has no text)."""
+    trained = trained_task(ckpt)
     try:
-        return TextCodec.from_task_meta(trained_task(ckpt))
+        return TextCodec.from_task_meta(trained)
     except ValueError as exc:
         raise CheckpointError(f"{ckpt.path / 'meta.json'}: {exc}; use an earlier checkpoint") from None
 
