@@ -2,14 +2,16 @@
 matrix, so a token reads them in one matrix-vector product (`Fused`).
 
 The fused matrix is the weights' only copy: each module's weight becomes a view of its rows, so
-fusing costs no memory and the model keeps computing what it computed (its forward, its
+fusing costs no memory (fusing the same modules again finds their rows already in one matrix
+and copies nothing) and the model keeps computing what it computed (its forward, its
 ``state_dict``). The fused bias is a copy (a module without a bias contributes zeros; a module's
 bias may be multiplied by a mask first, as the memory layer's gate projection masks its
 ``no_bias`` rows), so the model's own biases are left as they are.
 
-`matvec(W, x)` is the product a decode step runs for ``x: [B, K]`` and ``W: [N, K]``:
-``F.linear`` in the weights' dtype (bfloat16 weights read bfloat16 activations, accumulated in
-float32 by the library), the result in ``x``'s dtype.
+`matvec(W, x)` is the product a decode step runs for ``x: [B, K]`` and ``W: [N, K]``, the result
+in ``x``'s dtype: on a CPU the compiled kernel of `atlas_core.decode.cpu_kernel` (float32
+activations against float32 or bfloat16 weights, accumulated in float32), elsewhere or where it
+is not available ``F.linear`` in the weights' dtype (the readable reference).
 """
 
 from __future__ import annotations
@@ -18,9 +20,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_kernel
+
 
 def matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """``x W^T + b`` for a few rows ``x: [B, K]``, in ``x``'s dtype."""
+    fn = cpu_kernel.kernel() if cpu_kernel.usable(W, x) else None
+    if fn is not None:
+        y = fn(W, x.to(torch.float32).contiguous())
+        if b is not None:
+            y += b
+        return y.to(x.dtype)
+    return reference_matvec(W, x, b)
+
+
+def reference_matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`matvec` by ``F.linear`` in the weights' dtype (the kernel's reference)."""
     if W.dtype != x.dtype:
         return F.linear(x.to(W.dtype), W, b).to(x.dtype)
     return F.linear(x, W, b)
@@ -34,14 +49,17 @@ class Fused:
         masks = masks or {}
         self.sizes = [m.out_features for m in mods]
         first = mods[0].weight
-        W = torch.empty(sum(self.sizes), first.shape[1], dtype=first.dtype, device=first.device)
+        W = _fused_already(mods)
         has_bias = any(m.bias is not None for m in mods)
-        b = torch.zeros(W.shape[0], dtype=first.dtype, device=first.device) if has_bias else None
+        b = torch.zeros(sum(self.sizes), dtype=first.dtype, device=first.device) if has_bias else None
+        if W is None:
+            W = torch.empty(sum(self.sizes), first.shape[1], dtype=first.dtype, device=first.device)
         start = 0
         with torch.no_grad():
             for i, (m, n) in enumerate(zip(mods, self.sizes)):
-                W[start : start + n].copy_(m.weight)
-                m.weight = nn.Parameter(W[start : start + n], requires_grad=False)
+                if m.weight.data_ptr() != W[start].data_ptr():
+                    W[start : start + n].copy_(m.weight)
+                    m.weight = nn.Parameter(W[start : start + n], requires_grad=False)
                 if m.bias is not None:
                     b[start : start + n].copy_(m.bias * masks[i].to(m.bias.dtype) if i in masks else m.bias)
                 start += n
@@ -52,4 +70,18 @@ class Fused:
         return list(matvec(self.W, x, self.b).split(self.sizes, dim=-1))
 
 
-__all__ = ["Fused", "matvec"]
+def _fused_already(mods: list[nn.Linear]) -> torch.Tensor | None:
+    """The matrix ``mods``' weights already are consecutive rows of (an earlier `Fused` of the same
+    modules), or None: fusing the same modules again costs nothing."""
+    ws = [m.weight for m in mods]
+    first = ws[0]
+    offset = first.storage_offset()
+    for w in ws:
+        if (w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or not w.is_contiguous()
+                or w.storage_offset() != offset or w.dtype != first.dtype):
+            return None
+        offset += w.numel()
+    return torch.as_strided(first, (sum(w.shape[0] for w in ws), first.shape[1]), (first.shape[1], 1))
+
+
+__all__ = ["Fused", "matvec", "reference_matvec"]
