@@ -9,7 +9,9 @@ hybrids included) with nothing per token but the work.
   where the rule has a chunk form, and PyTorch's fused attention) on each prompt alone, in pieces
   of ``prefill_chunk`` tokens that carry the state (exact for any split: the strategy contract),
   so a long prompt needs bounded memory; only the last position's logits are computed. Each
-  prompt's state is then written into its row of the buffers.
+  prompt's state is then written into its row of the buffers. A bfloat16 model on a CPU prefills
+  with each block's weights widened to float32 while it runs (`atlas_core.decode.widen`: the
+  CPU's float32 products are several times faster than its bfloat16 ones).
 - **Decode** (`step`): per block one fused input projection, the state updated in place in
   buffers allocated once (the memory ``M``, the convolution's last inputs, the attention's key /
   value cache of ``max_len`` slots, or ``window`` slots), no validation, no registry or spec look-up,
@@ -34,6 +36,7 @@ import torch
 
 from .blocks import AttentionStep, GenericMemoryStep, MemoryStep, MlpStep, fast_retention
 from .fused import matvec
+from .widen import widened_blocks
 
 
 def supports(model) -> tuple[bool, str]:
@@ -93,8 +96,9 @@ class Decoder:
                 raise ValueError(f"prompt {r} has {ids.shape[1]} tokens, the decoder holds {self.max_len} "
                                  "(max_len)")
             state = None
-            for s in range(0, ids.shape[1], self.prefill_chunk):
-                logits, state = self.model.step(ids[:, s : s + self.prefill_chunk], state, last=True)
+            with widened_blocks(self.model):
+                for s in range(0, ids.shape[1], self.prefill_chunk):
+                    logits, state = self.model.step(ids[:, s : s + self.prefill_chunk], state, last=True)
             self.load(r, state)
             self.lengths[r] = ids.shape[1]
             out.append(logits[0, -1])

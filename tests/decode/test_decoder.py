@@ -139,3 +139,28 @@ def test_generic_memory_is_the_layer_itself():
     dec = Decoder(m)
     assert any(isinstance(mx, GenericMemoryStep) for _, mx, _ in dec.steps)
     assert not any(isinstance(mx, MemoryStep) for _, mx, _ in dec.steps)
+
+
+def test_a_bfloat16_prefill_runs_each_block_in_float32_and_leaves_the_weights_as_they_were():
+    import copy
+
+    from atlas_core.decode.widen import widened_blocks
+
+    m16 = model_for("post_norm_window_moe", torch.bfloat16)
+    wide = copy.deepcopy(m16).float()  # the same bf16 values, every product in float32
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5))
+    before = {n: (p.dtype, p.data_ptr()) for n, p in m16.named_parameters()}
+    with torch.no_grad():
+        got = Decoder(m16, max_len=64, prefill_chunk=7).prefill([ids])
+        want = Decoder(wide, max_len=64, prefill_chunk=7).prefill([ids])
+    assert got.dtype == torch.bfloat16
+    # only the residual stream between blocks is rounded to bfloat16
+    assert (got.float() - want).abs().max() < 0.03 * want.abs().max()
+    after = {n: (p.dtype, p.data_ptr()) for n, p in m16.named_parameters()}
+    fused = {n for n in before if before[n] != after[n]}  # the decoder's fused rows: same dtype
+    assert all(after[n][0] == torch.bfloat16 for n in after) and all(before[n][0] == torch.bfloat16 for n in fused)
+    assert not any(b._forward_pre_hooks or b._forward_hooks for b in m16.blocks)
+    with pytest.raises(RuntimeError, match="boom"), widened_blocks(m16):  # an error restores them too
+        m16.blocks[0].register_forward_pre_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))  # after the widening
+        m16.step(ids[None, :3])
+    assert all(p.dtype == torch.bfloat16 for p in m16.parameters())
