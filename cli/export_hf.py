@@ -27,12 +27,14 @@ def export_hf(
     checkpoint: Annotated[str, typer.Argument(help="a checkpoint directory or a run directory (its latest checkpoint)")],
     out_dir: Annotated[str, typer.Argument(help="the directory to write (created; must be new or empty)")],
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace OUT_DIR if it holds files")] = False,
+    dtype: Annotated[str, typer.Option("--dtype", help="the weights' dtype in the export: float32 or "
+                                       "bfloat16 (half the bytes; from_pretrained loads it so)")] = "float32",
     fmt: FormatOption = None,
 ) -> None:
     """Export a checkpoint for Hugging Face transformers (config.json + model.safetensors)."""
     from atlas_core.hf.export import export_checkpoint
 
-    emit(export_checkpoint(checkpoint, out_dir, overwrite=overwrite), fmt, human)
+    emit(export_checkpoint(checkpoint, out_dir, overwrite=overwrite, dtype=dtype), fmt, human)
 
 
 def register(app: typer.Typer) -> None:
@@ -41,5 +43,6 @@ def register(app: typer.Typer) -> None:
         epilog=examples(
             "atlas export-hf runs/text-char hf/text-char",
             "atlas export-hf runs/mqar-default/checkpoints/step-000002000 hf/mqar --overwrite",
+            "atlas export-hf runs/text-char hf/text-char-bf16 --dtype bfloat16",
         ),
     )(export_hf)

@@ -58,9 +58,19 @@ def _normal_modes(folder: Path) -> None:
             path.chmod(0o666 & ~mask)
 
 
+#: the weight dtypes an export is written in (config.json's ``dtype``: what ``from_pretrained``
+#: loads by default)
+EXPORT_DTYPES = ("float32", "bfloat16")
+
+
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *,
-                      overwrite: bool = False) -> dict[str, Any]:
-    """Write ``checkpoint`` (a checkpoint or run directory) to ``out_dir``; returns a summary."""
+                      overwrite: bool = False, dtype: str = "float32") -> dict[str, Any]:
+    """Write ``checkpoint`` (a checkpoint or run directory) to ``out_dir``; returns a summary.
+    ``dtype``: the weights' dtype in the export (``"bfloat16"``: half the bytes; the memory of a
+    parameter-free rule still runs in float32 when the model runs)."""
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one an export is written in; use one of "
+                         f"{', '.join(EXPORT_DTYPES)}")
     try:
         from .register import check_version
 
@@ -84,6 +94,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     codec = checkpoint_codec(ckpt)
     config = AtlasConfig.from_spec(ckpt.spec, text_codec=codec)
     hf = AtlasForCausalLM(config, native=model).eval()
+    if dtype != "float32":
+        import torch
+
+        hf = hf.to(getattr(torch, dtype))
     usable = usable_ids(codec, model.vocab_size)
     if usable < model.vocab_size:
         hf.generation_config.suppress_tokens = list(range(usable, model.vocab_size))
@@ -112,5 +126,5 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     return {
         "checkpoint": str(ckpt.path), "step": ckpt.step, "name": ckpt.spec.name,
         "arch": ckpt.spec.arch, "out_dir": str(out), "files": sorted(p.name for p in out.iterdir()),
-        "text": codec.mode if codec is not None else None,
+        "text": codec.mode if codec is not None else None, "dtype": dtype,
     }

@@ -259,3 +259,29 @@ def test_bench_runs_both_loops_and_compares_them(tmp_path, capsys):
     main([str(path), "--new-tokens", "6", "--prompt", "3", "--repeats", "1"])
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"{path}: native ") and line.endswith("(same tokens)")
+
+
+def test_a_bfloat16_export_loads_in_bfloat16_with_float32_logits_close(ckpt, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    r32 = invoke(["export-hf", str(ckpt), str(tmp_path / "f32")])
+    r16 = invoke(["--format", "json", "export-hf", str(ckpt), str(tmp_path / "bf16"), "--dtype", "bfloat16"])
+    assert r32.exit_code == 0 and r16.exit_code == 0, r16.output
+    assert json.loads(r16.stdout)["dtype"] == "bfloat16"
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("f32", "bf16")}
+    assert size["bf16"] < 0.6 * size["f32"]
+    m32 = AutoModelForCausalLM.from_pretrained(tmp_path / "f32").eval()
+    m16 = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").eval()
+    assert {p.dtype for p in m16.parameters()} == {torch.bfloat16}
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = m32(ids).logits, m16(ids).logits
+    assert (b.float() - a).abs().max() < 0.05 * a.abs().max()
+
+
+def test_an_unknown_export_dtype_is_one_line(ckpt, tmp_path):
+    r = invoke(["export-hf", str(ckpt), str(tmp_path / "x"), "--dtype", "float16"])
+    assert r.exit_code != 0
+    assert "dtype 'float16'" in r.output and "float32, bfloat16" in r.output
+    assert not (tmp_path / "x").exists()
