@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from ..forms import exact_chunk as ex
+from ..forms.catalogue import slice_map_form
 from ..forms.anchored_chunk import window_matrix
 from ..forms.decay import log_tiny
 from ..forms.key_decay_chunk import decayed_scores
@@ -101,21 +102,11 @@ def _gate(rule, p, role: str) -> torch.Tensor:
 
 def analytic_form(rule) -> str | None:
     """``"exact"``, ``"key"`` or ``"anchored"`` when the slice map of ``rule`` has a chunk form
-    here, else None. Read from the rule's form (`atlas_core.forms.RuleForm`): ``exact`` is the
-    rules with the ``exact_chunk`` form and no anchor, ``key`` those with per-key decay and the l2
-    error (``key_decay_chunk``); ``anchored`` the anchored ones with ``linear_chunk``
-    on the one matrix ``M``, the l2 error, a scalar decay at the current memory, one position a
-    token."""
-    f = rule.form
-    if not f.anchored:
-        if "key_decay_chunk" in f.chunk_forms and f.error == "l2":
-            return "key"
-        return "exact" if "exact_chunk" in f.chunk_forms else None
-    if ("linear_chunk" in f.chunk_forms and f.matrix_memory and f.error == "l2"
-            and f.retention_shape == "head" and f.gradient_at == "current" and f.steps_per_token == 1
-            and (f.update == "gd" or f.opt_keys == ("Z.M",))):
-        return "anchored"
-    return None
+    here, else None: the catalogue's answer for the rule's form
+    (`atlas_core.forms.catalogue.slice_map_form`): ``exact`` is the rules with the
+    ``exact_chunk`` form, ``key`` those with ``key_decay_chunk`` and the l2 error, ``anchored``
+    the anchored ones a linear kernel serves with the l2 error, one position a token."""
+    return slice_map_form(rule.form)
 
 
 @dataclass
@@ -332,7 +323,7 @@ def positions(rule, gy: torch.Tensor) -> torch.Tensor:
     if n == 1:
         return gy
     out = gy.new_zeros(*gy.shape[:2], gy.shape[2] * n, gy.shape[3])
-    out[:, :, rule._substep()::n] = gy
+    out[:, :, rule.form.reading_substep::n] = gy
     return out
 
 
