@@ -4,8 +4,10 @@ A rule with ``anchor = A`` takes every gradient inside a block of A tokens at th
 the block (docs/math.md, "Anchoring as part of the rule"). This strategy splits time into chunks of
 C tokens that lie inside those blocks (C divides A; both grids aligned to absolute positions, so a
 call that starts inside a chunk first runs up to the next chunk boundary): the gradients of a
-chunk are all taken at the block's anchor memory, and everything after that is exact — retention
-and momentum are linear recurrences solved with decay matrices (`atlas_core.forms.decay.decay_matrix`), reads are
+chunk are all taken at the block's anchor memory, and everything after that is exact — a linear
+retention and momentum are linear recurrences solved with decay matrices
+(`atlas_core.forms.decay.decay_matrix`); a nonlinear retention (Moneta's lq, Memora's KL) is
+applied step by step between the gradients formed at once (the ``stepped_chunk`` form); reads are
 exact. So the result equals ``core:sequential`` on the same rule, for every accepted C and any
 split of a sequence into calls.
 
@@ -18,7 +20,9 @@ The chunk computations are in `atlas_core.forms.linear_scan` (the linear memory 
 momentum: the memory-independent kernels of all chunks at once, then a loop that runs only the
 recurrence, with its backward pass written out), `atlas_core.forms.anchored_chunk` (per-key
 decay, the dual form of a rank-one structure, the generic per-token path of any other algorithm
-with a chunk form) and `atlas_core.forms.dot_chunk`; which one runs is read from the rule's form
+with a chunk form, the stepped path of a nonlinear retention) and `atlas_core.forms.dot_chunk`;
+what the strategy accepts is the chunk-form catalogue's answer
+(`atlas_core.forms.catalogue.chunkwise_reason`), and which form runs is read from the rule's form
 (``rule.form.chunk_forms``).
 
 Training memory (`recompute`, docs/math.md "Training memory of the chunked strategies"): the
