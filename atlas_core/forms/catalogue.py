@@ -66,8 +66,9 @@ def _no_transition(f) -> str | None:
 def _linear_retention(f) -> str | None:
     why = _no_transition(f)
     if why is None and not f.retention_linear:
-        why = (f"{_knob(f, 'retention')} is nonlinear, not a scalar decay (it transforms the memory "
-               "after each step), so a chunk cannot be solved as a linear recurrence")
+        why = (f"{_knob(f, 'retention')} is nonlinear: not a linear retention, not a scalar decay "
+               "(it transforms the memory after each step), so a chunk cannot be solved as a "
+               "linear recurrence")
     return why
 
 
@@ -173,7 +174,7 @@ def linear_chunk(f) -> str | None:
             f"{_knob(f, 'structure')} is not linear in its weights (the attention form needs "
             "M_t as a sum of rank-one writes)"),
         lambda: None if f.update is not None else (
-            f"{_knob(f, 'algorithm')} is neither core:gd nor core:momentum (no closed linear form)"),
+            f"{_knob(f, 'algorithm')} is not gd or momentum (no closed linear form)"),
         lambda: _head_decay(f, "linear_chunk"), lambda: _at_anchor(f))
 
 
@@ -198,7 +199,7 @@ def dual_chunk(f) -> str | None:
         lambda: None if f.rank_one_grads else (
             f"{_knob(f, 'structure')} gives no rank-one per-token gradients"),
         lambda: None if f.update is not None else (
-            f"{_knob(f, 'algorithm')} is neither core:gd nor core:momentum (no closed linear form)"),
+            f"{_knob(f, 'algorithm')} is not gd or momentum (no closed linear form)"),
         lambda: _head_decay(f, "dual_chunk"), lambda: _at_anchor(f))
 
 
