@@ -268,9 +268,13 @@ def reason(name: str, f) -> str | None:
     return FORMS[name].requires(f)
 
 
+def _holds(name: str, f) -> bool:
+    return FORMS[name].requires(f) is None
+
+
 def no_form_reason(f) -> str | None:
     """None when some chunk form computes the rule, else the reason of the form closest to it."""
-    if f.chunk_forms:
+    if any(c.requires(f) is None for c in CATALOGUE):
         return None
     return chunkwise_reason(f, 1) or reason("exact_chunk", f)
 
@@ -278,7 +282,7 @@ def no_form_reason(f) -> str | None:
 # -- what the consumers ask ---------------------------------------------------------------------------
 def exact_reason(f) -> str | None:
     """``core:exact_chunk``: the per-token rule by ``exact_chunk`` or ``key_decay_chunk``."""
-    if "exact_chunk" in f.chunk_forms or "key_decay_chunk" in f.chunk_forms:
+    if _holds("exact_chunk", f) or _holds("key_decay_chunk", f):
         return None
     per_key = f.retention_shape == "key" or f.error == "dot"
     return reason("key_decay_chunk" if per_key else "exact_chunk", f)
@@ -314,7 +318,7 @@ def chunk_grid_reason(f, C: int | None) -> str | None:
 def chunkwise_reason(f, C: int | None) -> str | None:
     """``core:chunkwise`` at chunk size ``C`` (None: its default): one of the `ANCHORED` forms,
     and the chunk grid."""
-    if not any(n in f.chunk_forms for n in ANCHORED):
+    if not any(_holds(n, f) for n in ANCHORED):
         if not f.retention_linear and not f.per_token_transition:
             return reason("stepped_chunk", f)
         return reason("key_linear_chunk" if f.retention_shape == "key" else "generic_chunk", f)
@@ -361,9 +365,9 @@ def slice_map_form(f) -> str | None:
     ``"anchored"`` (an anchored rule whose form a linear kernel serves, with the l2 error, one
     position a token, gd or momentum on Z.M)."""
     if not f.anchored:
-        if "key_decay_chunk" in f.chunk_forms and f.error == "l2":
+        if _holds("key_decay_chunk", f) and f.error == "l2":
             return "key"
-        return "exact" if "exact_chunk" in f.chunk_forms else None
+        return "exact" if _holds("exact_chunk", f) else None
     if (linear_kernel_reason(f) is None and f.error == "l2" and f.steps_per_token == 1
             and (f.update == "gd" or f.opt_keys == ("Z.M",))):
         return "anchored"
