@@ -9,7 +9,9 @@ baselines of ``benchmarks/baselines/`` (the seed 000 algorithm; fla-core's chunk
 and titans-pytorch's NeuralMemory when the packages are installed). Rules: titans (linear memory,
 momentum), titans_deep (titans:mlp), omega16 (OmegaNet, window 16), atlas (Muon on titans:mlp),
 atlas_linear, delta (gd + l2 + decay), titans_deep_layer (the memory layer against
-titans-pytorch), decode (one-token model.step calls of a built model at chunk sizes 16 and 1024).
+titans-pytorch), decode (one-token model.step calls of a built model at chunk sizes 16 and 1024),
+moneta (MIRAS' Moneta, a nonlinear retention: core:chunkwise's stepped form against the loop;
+not in the default sweep).
 A chunked strategy that refuses a rule at the chunk size C runs the same rule with anchor = C.
 Before timing, every subject passes a float64 equivalence check: it equals core:sequential on the
 rule it runs; a failure is marked and gets no speedup. Nothing is extrapolated: a point that was

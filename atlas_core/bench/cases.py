@@ -42,6 +42,8 @@ RULES: dict[str, tuple[str, dict[str, Any]]] = {
     "delta": ("Delta rule with decay (linear, l2, decay, gd: Titans without momentum)",
               {"structure": "core:linear", "bias": "core:l2", "retention": "core:decay",
                "algorithm": "core:gd"}),
+    "moneta": ("Moneta (MIRAS: linear memory, lp bias p=3, lq retention q=4, gd; a nonlinear "
+               "retention: core:chunkwise's stepped form)", {"use": "miras:moneta"}),
     "titans_deep_layer": ("Deep-memory layer x: [B, T, H*D] (Titans deep vs titans-pytorch "
                           "NeuralMemory)", {"use": "titans:titans_deep"}),
     "decode": (f"Decoding: core:lm ({DECODE_MODEL['depth']} blocks, titans:titans with anchor "

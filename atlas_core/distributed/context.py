@@ -87,6 +87,7 @@ import torch
 import torch.distributed as dist
 
 from .. import input_checks
+from ..forms import catalogue
 from ..forms.exact_chunk import ExactPieces, exact_pieces
 from ..strategies.exact_chunk import ExactChunk
 from .map_plan import Boundaries, Chain, exchange, map_plan
@@ -98,32 +99,11 @@ CARRIED = ("window.k", "window.v", "window.gamma", ANCHOR_POS)
 MODES = ("auto", "affine", "relay")
 
 
-def _name(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping):
-        return value.get("use")
-    return None
-
-
 def affine_reason(rule) -> str | None:
     """None when ``rule``'s memory update is affine in its memory (the ``affine`` mode is exact),
-    else why not (the knob that makes it non-affine). Decided from the rule's form
-    (`atlas_core.forms.RuleForm`): a linear structure, an algorithm with a linear closed form (gd
-    or momentum), a linear retention and a bias whose error is the l2 one (alone or inside a
-    window)."""
-    f = rule.form
-    if not f.composed:
-        return "a standalone rule (not composed from knobs)"
-    if not f.memory_linear:
-        return f"structure {_name(f.name('structure'))!r} (a deep memory is not affine in its weights)"
-    if f.update is None:
-        return f"algorithm {_name(f.name('algorithm'))!r}"
-    if not f.retention_linear:
-        return f"retention {_name(f.name('retention'))!r}"
-    if f.error != "l2":
-        return f"bias {_name(f.name('bias'))!r}"
-    return None
+    else why not (the knob that makes it non-affine): the catalogue's answer for the rule's form
+    (`atlas_core.forms.catalogue.affine_reason`)."""
+    return catalogue.affine_reason(rule.form)
 
 
 def mode_for(rule, mode: str = "auto") -> str:

@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from ..forms import exact_chunk as ex
+from ..forms.catalogue import slice_map_form
 from ..forms.anchored_chunk import window_matrix
 from ..forms.decay import log_tiny
 from ..forms.key_decay_chunk import decayed_scores
@@ -101,21 +102,11 @@ def _gate(rule, p, role: str) -> torch.Tensor:
 
 def analytic_form(rule) -> str | None:
     """``"exact"``, ``"key"`` or ``"anchored"`` when the slice map of ``rule`` has a chunk form
-    here, else None. Read from the rule's form (`atlas_core.forms.RuleForm`): ``exact`` is the
-    rules with the ``exact_chunk`` form and no anchor, ``key`` those with per-key decay and the l2
-    error (``key_decay_chunk``); ``anchored`` the anchored ones with ``linear_chunk``
-    on the one matrix ``M``, the l2 error, a scalar decay at the current memory, one position a
-    token."""
-    f = rule.form
-    if not f.anchored:
-        if "key_decay_chunk" in f.chunk_forms and f.error == "l2":
-            return "key"
-        return "exact" if "exact_chunk" in f.chunk_forms else None
-    if ("linear_chunk" in f.chunk_forms and f.matrix_memory and f.error == "l2"
-            and f.retention_shape == "head" and f.gradient_at == "current" and f.steps_per_token == 1
-            and (f.update == "gd" or f.opt_keys == ("Z.M",))):
-        return "anchored"
-    return None
+    here, else None: the catalogue's answer for the rule's form
+    (`atlas_core.forms.catalogue.slice_map_form`): ``exact`` is the rules with the
+    ``exact_chunk`` form, ``key`` those with ``key_decay_chunk`` and the l2 error, ``anchored``
+    the anchored ones a linear kernel serves with the l2 error, one position a token."""
+    return slice_map_form(rule.form)
 
 
 @dataclass
@@ -332,7 +323,7 @@ def positions(rule, gy: torch.Tensor) -> torch.Tensor:
     if n == 1:
         return gy
     out = gy.new_zeros(*gy.shape[:2], gy.shape[2] * n, gy.shape[3])
-    out[:, :, rule._substep()::n] = gy
+    out[:, :, rule.form.reading_substep::n] = gy
     return out
 
 
@@ -380,7 +371,7 @@ def _key_run(rule, p, C: int) -> _Run:
     Dn = (Xw * torch.exp(bC - b)).transpose(-1, -2)  # [B, H, N, Dk, C]
     rs = b if f.gradient_at == "retained" else bp
     Nm = decayed_scores(X, rs, Xw, b, strict=True)
-    Wsol, U = ex._unit_lower_solve(Nm, X * torch.exp(rs)), ex._unit_lower_solve(Nm, V)
+    Wsol, U = ex.unit_lower_solve(Nm, X * torch.exp(rs)), ex.unit_lower_solve(Nm, V)
     return _Run(mix=torch.ones_like(bC[..., :1]), diag=torch.exp(bC.squeeze(-2)), Dn=-Dn,
                 Wm=Wsol, woff=[0] * N, b=Dn @ U, Y=_minus_mm(Q * torch.exp(rq), Pm, Wsol), tokens=T)
 
@@ -414,7 +405,7 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     else:
         w, rows = None, theta.unsqueeze(-1) * window_matrix(ext(xg), lag, C)  # [B, H, N, C, m]
     after = rule.form.read == "after"
-    shift = lambda x, first: ex._shift_down(x, first, dim=-2)  # noqa: E731
+    shift = lambda x, first: ex.shift_down(x, first, dim=-2)  # noqa: E731
     eta = chunked(_gate(rule, p, "momentum"), 1.0) if mom else None
     # the decay kernels by their row recurrences, as core:chunkwise's linear path forms them;
     # KZ's last row is its row at the last real token too (a padded token has eta = 1, theta = 0)
@@ -425,15 +416,15 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
         PLr = PL if after else shift(PL, 0.0)
     Kr = K if after else shift(K, 0.0)
     Ar = A.unsqueeze(-1) if after else shift(A.unsqueeze(-1), 1.0)
-    kend = ex._ends(K, last)  # [B, H, N, m]
+    kend = ex.chunk_ends(K, last)  # [B, H, N, m]
     n, K_ = nkeys * Dk, nkeys
     ia = (nkeys - 1) * Dk  # anchor.M's block
     # T = mix (x) I + [Dn; 0] [0 Wm]: Dn Wm holds -X^T D_K X (M's rows) and X^T D_KZ X (Z's) in
     # the anchor block's columns (Wm = X), or in M's when the chunk opens a block
     mix = X.new_zeros(B, H, N, K_, K_)
-    mix[..., 0, 0] = ex._ends(A, last)
+    mix[..., 0, 0] = ex.chunk_ends(A, last)
     mix[..., -1, -1] = 1.0
-    Qc = ex._pad_tokens(p.psi, pad).unflatten(2, (N, C))
+    Qc = ex.pad_tokens(p.psi, pad).unflatten(2, (N, C))
     scores = Kr * (Qc @ X.transpose(-1, -2))  # Kr[t, l] (x_l . psi_t): [B, H, N, C, m]
     # Dn = [-D_K X ; D_KZ X]^T, b = [X^T D_K V ; -X^T D_KZ V] (anchor.M's rows take no write),
     # Y = [Ar Q | -PLr Q | -scores X], each block written in place
@@ -445,8 +436,8 @@ def _anchored_run(rule, p, C: int, opens: list[bool], nkeys: int) -> _Run:
     torch.mul(Ar, Qc, out=Y[..., :Dk])
     if mom:
         torch.mul(X.transpose(-1, -2), KZn.unsqueeze(-2), out=Dn[..., Dk:, :])
-        mix[..., 0, 1] = -ex._ends(PL.squeeze(-1), last)
-        mix[..., 1, 1] = ex._ends(Pe, last)
+        mix[..., 0, 1] = -ex.chunk_ends(PL.squeeze(-1), last)
+        mix[..., 1, 1] = ex.chunk_ends(Pe, last)
         torch.mul(PLr, Qc, out=Y[..., Dk:2 * Dk]).neg_()
     if every:
         Y[..., :Dk] -= scores @ X

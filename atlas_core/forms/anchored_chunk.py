@@ -19,7 +19,12 @@ recurrences solved with decay matrices (`decay.decay_matrix`); reads are exact. 
   form once per layer, each token read at its own weights without forming them;
 - `generic_chunk` (``"generic_chunk"``: any other structure or algorithm with a chunk form, Muon):
   per-token anchored gradients, the algorithm's own recurrence and per-token reads, an O(C |W|)
-  transient per chunk.
+  transient per chunk;
+- `stepped_chunk` (``"stepped_chunk"``: a nonlinear retention, Moneta's lq and Memora's KL): the
+  anchored gradients of the chunk at once, then the algorithm's step with the retention's
+  ``pre`` / ``post`` token by token, and per-token reads.
+
+Which form a rule has is decided once by `atlas_core.forms.catalogue` (``rule.form.chunk_forms``).
 
 Tensors: ``W {name: [B, H, *s]}``, chunk inputs ``xe, ve: [B, H, n + c - 1, .]`` (the c - 1 carried
 window positions first), ``psi: [B, H, n, Dphi]``, errors ``U: [B, H, n + c - 1, Dv]``.
@@ -216,6 +221,16 @@ def dual_chunk(rule, W, opt, xe, ve, kern, psi, anchor):
         opt = {f"Z.{k}": _bmm_add(Pn * Z0[k], *outer(KZn, delta, z)) for k, (delta, z) in fac.items()}
     return y, new, opt
 
+def _anchored_grads(rule, xe, U, Wm, anchor) -> dict:
+    """Per-token (window-weighted) gradients ``{k: [B, H, n, *s]}`` of a chunk, every one at the
+    anchor memory: ``G_t = sum_l Wm[t, l] grad(anchor; phi_l, u_l)``."""
+    per_tok = rule.structure.grad_per_token(anchor, xe, U)  # {k: [B, H, m, *s]}
+    if rule.form.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
+        w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
+        return {k: _bc(w, g) * g for k, g in per_tok.items()}
+    return {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
+
+
 def generic_chunk(rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha, anchor):
     S = rule.structure
     f = rule.form
@@ -224,12 +239,7 @@ def generic_chunk(rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha, anchor):
         Wall, opt = rule.algorithm.chunk_factors(W, opt, S.grad_factors(anchor, xe, U), Wm,
                                                  decay=L, decay_from_start=A, gates=gates)
         return read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
-    per_tok = S.grad_per_token(anchor, xe, U)  # {k: [B, H, m, *s]}, at the anchor memory
-    if f.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
-        w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
-        G = {k: _bc(w, g) * g for k, g in per_tok.items()}
-    else:
-        G = {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
+    G = _anchored_grads(rule, xe, U, Wm, anchor)
     if f.update is not None:
         # The algorithm's own step, token by token over the anchored gradients: O(C |W|)
         # work where the decay-matrix form (`Algorithm.chunk`) costs O(C^2 |W|) — what
@@ -238,6 +248,20 @@ def generic_chunk(rule, W, opt, xe, U, Wm, L, A, gates, psi, alpha, anchor):
     else:
         Wall, opt = rule.algorithm.chunk(W, opt, G, decay=L, decay_from_start=A, gates=gates)
     return read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
+
+
+def stepped_chunk(rule, W, opt, xe, U, Wm, gates, psi, alpha, anchor):
+    """A nonlinear retention (``"stepped_chunk"``: Moneta's lq, Memora's KL): every gradient of
+    the chunk is taken at the anchor memory, so all of them are formed at once
+    (`_anchored_grads`); then the algorithm's step runs token by token, each applying the
+    retention's ``pre`` / ``post`` to the memory between them (`_step_through`, the recurrence of
+    the reference loop; state-sized elementwise work a token), and the reads are taken at the
+    per-token weights. Exact for a chunk inside one anchor block: the reference loop computes
+    the same gradients at the same anchor and applies the same steps in the same order."""
+    G = _anchored_grads(rule, xe, U, Wm, anchor)
+    Wall, opt = _step_through(rule, W, opt, G, alpha, gates)
+    return read_chunk(rule, W, Wall, psi), {k: w[:, :, -1] for k, w in Wall.items()}, opt
+
 
 def read_chunk(rule, W, Wall, psi):
     """Per-token reads at the per-token weights ``Wall`` (at ``M_{t-1}`` for read before)."""

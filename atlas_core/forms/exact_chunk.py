@@ -89,13 +89,13 @@ from .tril_inverse import unit_lower_inverse
 _INVERT_FROM = 32
 
 
-def _shift_down(x: torch.Tensor, first: float, dim: int) -> torch.Tensor:
+def shift_down(x: torch.Tensor, first: float, dim: int) -> torch.Tensor:
     """Drop the last entry along ``dim`` and put ``first`` in front (index t holds x[t - 1])."""
     head = torch.full_like(x.narrow(dim, 0, 1), first)
     return torch.cat([head, x.narrow(dim, 0, x.shape[dim] - 1)], dim=dim)
 
 
-def _ends(x: torch.Tensor, last: int) -> torch.Tensor:
+def chunk_ends(x: torch.Tensor, last: int) -> torch.Tensor:
     """Row ``C - 1`` of every chunk of ``x: [B, H, N, C, ...]`` but row ``last`` of the final one
     (the state after the call's last token: a padded token leaves a momentum's memory moving)."""
     if last == x.shape[3] - 1:
@@ -103,7 +103,7 @@ def _ends(x: torch.Tensor, last: int) -> torch.Tensor:
     return torch.cat([x[:, :, :-1, -1], x[:, :, -1:, last]], dim=2)
 
 
-def _pad_tokens(x: torch.Tensor, pad: int) -> torch.Tensor:
+def pad_tokens(x: torch.Tensor, pad: int) -> torch.Tensor:
     """``x: [B, H, T, d]`` with ``pad`` zero tokens appended (no copy when there are none)."""
     return F.pad(x, (0, 0, 0, pad)) if pad else x
 
@@ -114,7 +114,7 @@ def _outer(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (coef.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
 
 
-def _unit_lower_solve(Nm: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+def unit_lower_solve(Nm: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
     """``(I + Nm)^-1 R`` for strictly lower ``Nm [..., n, n]`` (its diagonal and upper part are not
     read), batched. Posed as the right-sided system ``X (I + Nm)^T = R^T``: the row-major layout
     LAPACK's trsm takes without copying, about twice as fast on a CPU as the left-sided form."""
@@ -204,7 +204,7 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
     last = C - 1 - pad  # the last chunk's last real token: the final state is taken there
     lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
     theta = F.pad(p.gates[f.gate("step_size")], (0, pad)).unflatten(-1, (N, C))  # [B, H, N, C]
-    Q = _pad_tokens(p.psi, pad).unflatten(2, (N, C))  # [B, H, N, C, Dk]
+    Q = pad_tokens(p.psi, pad).unflatten(2, (N, C))  # [B, H, N, C, Dk]
     gates = [p.alpha] + ([p.gates[f.gate("momentum")]] if mom else [])
     gates = F.pad(torch.stack(gates), (0, pad), value=1.0).unflatten(-1, (N, C))
     after = f.read == "after"
@@ -218,11 +218,11 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
         Pe = torch.cumprod(gates[1], dim=-1)
         K = L @ E  # M_t's coefficient of the write of token j
         PL = (L @ Pe.unsqueeze(-1)).squeeze(-1)  # M_t's coefficient of Z0
-        PLp = _shift_down(PL, 0.0, dim=-1)
+        PLp = shift_down(PL, 0.0, dim=-1)
     else:
         K = L
-    Kp = _shift_down(K, 0.0, dim=-2)  # K[t-1, j]: strictly lower
-    Ap = _shift_down(A, 1.0, dim=-1)
+    Kp = shift_down(K, 0.0, dim=-2)  # K[t-1, j]: strictly lower
+    Ap = shift_down(A, 1.0, dim=-1)
     Kr, Ar = (K, A) if after else (Kp, Ap)
     if f.gradient_at == "retained":
         # (gd, c = 1) the error at the decayed memory alpha_t M_{t-1} = A_t S - sum_{j<t}
@@ -232,8 +232,8 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
         Ap = A
     if c == 1:
         w = theta * F.pad(xg, (0, pad)).unflatten(-1, (N, C)) * lag[0]  # [B, H, N, C]
-        X = _pad_tokens(xk, pad).unflatten(2, (N, C))  # the write keys: [B, H, N, C, Dk]
-        V = _pad_tokens(xv, pad).unflatten(2, (N, C))
+        X = pad_tokens(xk, pad).unflatten(2, (N, C))  # the write keys: [B, H, N, C, Dk]
+        V = pad_tokens(xv, pad).unflatten(2, (N, C))
         XwT = (w.unsqueeze(-1) * X).transpose(-1, -2)  # (diag(w) X)^T: [B, H, N, Dk, C]
         Nm = Kp * (X @ XwT)  # strictly lower: the system is (I + Nm) E = ...
         Pm = Kr * (Q @ XwT)  # the reads' weights of the errors: [B, H, N, C, C]
@@ -243,21 +243,21 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
     # per-row coefficients of X (and Q) side by side: [S | Z0]-shaped operands in one product
     if mom:
         Wx = _outer(torch.stack([_slots(Ap, c), -_slots(PLp, c)], dim=-1), X)  # [A' X | -PL' X]
-        Dn = torch.stack([-_slots(_ends(K, last), c) * w, _slots(_ends(E, last), c) * w], dim=-2)
+        Dn = torch.stack([-_slots(chunk_ends(K, last), c) * w, _slots(chunk_ends(E, last), c) * w], dim=-2)
         Dn = (Dn.unsqueeze(-2) * X.transpose(-1, -2).unsqueeze(-3)).flatten(-3, -2)  # [D_S | D_Z]^T
         Qs = _outer(torch.stack([Ar, -(PL if after else PLp)], dim=-1), Q)  # [A Q | -PL Q]
     else:
         Wx = _slots(Ap, c).unsqueeze(-1) * X
-        Dn = (-_slots(_ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)  # D_S^T: [.., Dk, C c]
+        Dn = (-_slots(chunk_ends(K, last), c) * w).unsqueeze(-2) * X.transpose(-1, -2)  # D_S^T: [.., Dk, C c]
         Qs = Ar.unsqueeze(-1) * Q
     if mom:  # [S ; Z]_next = [[A_C, -PL_C], [0, P_C]] [S ; Z] + ...
-        AC = _ends(A, last)
-        mix = torch.stack([AC, -_ends(PL, last), torch.zeros_like(AC), _ends(Pe, last)], dim=-1)
+        AC = chunk_ends(A, last)
+        mix = torch.stack([AC, -chunk_ends(PL, last), torch.zeros_like(AC), chunk_ends(Pe, last)], dim=-1)
         mix = mix.unflatten(-1, (2, 2))
     else:
-        mix = _ends(A, last)[..., None, None]
+        mix = chunk_ends(A, last)[..., None, None]
     # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | -PL' X], U = (I + Nm)^-1 V
-    return ExactPieces(W=_unit_lower_solve(Nm, Wx), U=_unit_lower_solve(Nm, V), Dn=Dn, Qs=Qs, Pm=Pm,
+    return ExactPieces(W=unit_lower_solve(Nm, Wx), U=unit_lower_solve(Nm, V), Dn=Dn, Qs=Qs, Pm=Pm,
                        mix=mix, tokens=T)
 
 

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .decay import log_tiny
+from .exact_chunk import unit_lower_solve
 
 BLOCK = 16  # sub-block of the score matrices (tokens)
 
@@ -164,11 +165,6 @@ def _pairwise(rows, r, cols, b, strict: bool, block: int) -> torch.Tensor:
     return out[..., :C, :C] if P else out
 
 
-def _unit_lower_solve(Nm: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-    """``(I + Nm)^-1 R`` for strictly lower ``Nm`` (right-sided: LAPACK's layout, no copy)."""
-    return torch.linalg.solve_triangular(Nm.mT, R.mT, upper=True, left=False, unitriangular=True).mT
-
-
 def run_key_decay(rule, p, chunk_size: int):
     """``core:exact_chunk`` on a gd rule with a one-token window, the l2 or dot bias and a
     per-key (or scalar, broadcast) retain factor: ``(y [B, H, T, Dv], final state)``."""
@@ -205,8 +201,8 @@ def run_key_decay(rule, p, chunk_size: int):
     if l2:
         rs = b if retained else bp
         Nm = decayed_scores(X, rs, Xw, b, strict=True)
-        Wsol = _unit_lower_solve(Nm, X * torch.exp(rs))  # E = Wsol S^T - U
-        U = _unit_lower_solve(Nm, V)
+        Wsol = unit_lower_solve(Nm, X * torch.exp(rs))  # E = Wsol S^T - U
+        U = unit_lower_solve(Nm, V)
 
     def flat(x):
         return x.flatten(0, 1).unbind(1)  # [B H, ...] per chunk

@@ -18,7 +18,8 @@ two ways:
 - the gates by role (`gate`): ``"step_size"`` (theta), ``"momentum"`` (eta), ``"retention"``
   (alpha), ``"weight"`` (gamma), ``"transition"`` — each gate's role is declared where the gate
   is (`atlas_core.knobs.Gate`);
-- the chunk forms that compute the rule exactly (``chunk_forms``, see `CHUNK_FORMS`).
+- the chunk forms that compute the rule exactly (``chunk_forms``: the forms of
+  `atlas_core.forms.catalogue` whose requirement the form meets).
 
 The form is a frozen value: two rules with equal forms get the same decision from every consumer.
 ``names`` (the knobs' spec names, for messages) is not part of that equality.
@@ -26,21 +27,14 @@ The form is a frozen value: two rules with equal forms get the same decision fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-#: the chunk computations a form may have (``RuleForm.chunk_forms``), each in `atlas_core.forms`:
-CHUNK_FORMS = {
-    "exact_chunk": "the per-token delta rule (l2 error, scalar decay, gd or momentum, any window) "
-                   "exact for any chunk size by the UT / WY transform (core:exact_chunk)",
-    "key_decay_chunk": "per-key decay or the dot error with gd and a one-token window, exact for "
-                       "any chunk size (forms/key_decay_chunk.py)",
-    "dot_chunk": "a prediction-free error on a linear memory with gd, scalar decay at the current "
-                 "point and a one-token window: every chunk at once (forms/dot_chunk.py)",
-    "linear_chunk": "gd or momentum on a linear memory: the anchored chunk's attention form",
-    "dual_chunk": "gd or momentum on a structure with rank-one gradients: the dual form",
-    "generic_chunk": "the algorithm's own chunk recurrence over per-token anchored gradients",
-}
+from .catalogue import CATALOGUE, chunk_forms
+
+#: the chunk computations a form may have (``RuleForm.chunk_forms``), name -> what it computes;
+#: each states its requirement once in `atlas_core.forms.catalogue`
+CHUNK_FORMS = {c.name: c.summary for c in CATALOGUE}
 
 KNOBS = ("structure", "bias", "retention", "algorithm", "feature_map")
 
@@ -106,6 +100,12 @@ class RuleForm:
         return self.window > 1
 
     @property
+    def reading_substep(self) -> int:
+        """The sub-step (of ``steps_per_token``) whose read is the token's output: the last for
+        ``read = "after"``, the first for ``"before"``."""
+        return self.steps_per_token - 1 if self.read == "after" else 0
+
+    @property
     def anchor_free(self) -> bool:
         """Anchoring cannot change the rule: a linear memory whose error ignores the prediction
         (``core:dot``), so every gradient ``u phi^T`` is the same at any memory."""
@@ -158,30 +158,4 @@ class RuleForm:
             gates=gates,
             names=tuple((k, rule.spec.get(k)) for k in KNOBS),
         )
-        return _with_chunk_forms(form)
-
-
-def _with_chunk_forms(f: RuleForm) -> RuleForm:
-    from dataclasses import replace
-
-    forms = set()
-    if not (f.composed and f.retention_linear and not f.per_token_transition):
-        return replace(f, chunk_forms=frozenset())  # every chunk form needs a linear retention
-    if f.matrix_memory:
-        momentum_ok = f.update == "gd" or (f.update == "momentum" and f.opt_keys == ("Z.M",))
-        if (momentum_ok and f.error == "l2" and f.retention_shape == "head"
-                and (f.gradient_at == "current" or (f.update == "gd" and f.window == 1))):
-            forms.add("exact_chunk")
-        if (f.update == "gd" and f.window == 1 and f.error in ("l2", "dot")
-                and (f.retention_shape == "key" or f.error == "dot")):
-            forms.add("key_decay_chunk")
-    if (f.memory_linear and f.prediction_free and f.window == 1 and f.update == "gd"
-            and f.retention_shape == "head" and f.anchor == 1 and f.gradient_at == "current"):
-        forms.add("dot_chunk")
-    if f.memory_linear and f.update:
-        forms.add("linear_chunk")
-    if f.rank_one_grads and f.update:
-        forms.add("dual_chunk")
-    if f.algorithm_chunk:
-        forms.add("generic_chunk")
-    return replace(f, chunk_forms=frozenset(forms))
+        return replace(form, chunk_forms=chunk_forms(form))

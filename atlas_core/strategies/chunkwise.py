@@ -4,8 +4,10 @@ A rule with ``anchor = A`` takes every gradient inside a block of A tokens at th
 the block (docs/math.md, "Anchoring as part of the rule"). This strategy splits time into chunks of
 C tokens that lie inside those blocks (C divides A; both grids aligned to absolute positions, so a
 call that starts inside a chunk first runs up to the next chunk boundary): the gradients of a
-chunk are all taken at the block's anchor memory, and everything after that is exact — retention
-and momentum are linear recurrences solved with decay matrices (`atlas_core.forms.decay.decay_matrix`), reads are
+chunk are all taken at the block's anchor memory, and everything after that is exact — a linear
+retention and momentum are linear recurrences solved with decay matrices
+(`atlas_core.forms.decay.decay_matrix`); a nonlinear retention (Moneta's lq, Memora's KL) is
+applied step by step between the gradients formed at once (the ``stepped_chunk`` form); reads are
 exact. So the result equals ``core:sequential`` on the same rule, for every accepted C and any
 split of a sequence into calls.
 
@@ -18,7 +20,9 @@ The chunk computations are in `atlas_core.forms.linear_scan` (the linear memory 
 momentum: the memory-independent kernels of all chunks at once, then a loop that runs only the
 recurrence, with its backward pass written out), `atlas_core.forms.anchored_chunk` (per-key
 decay, the dual form of a rank-one structure, the generic per-token path of any other algorithm
-with a chunk form) and `atlas_core.forms.dot_chunk`; which one runs is read from the rule's form
+with a chunk form, the stepped path of a nonlinear retention) and `atlas_core.forms.dot_chunk`;
+what the strategy accepts is the chunk-form catalogue's answer
+(`atlas_core.forms.catalogue.chunkwise_reason`), and which form runs is read from the rule's form
 (``rule.form.chunk_forms``).
 
 Training memory (`recompute`, docs/math.md "Training memory of the chunked strategies"): the
@@ -37,15 +41,15 @@ from pydantic import Field
 from ..params import size_field
 
 from ..forms import dot_chunk, recompute
+from ..forms.catalogue import MAX_DEFAULT_CHUNK, chunkwise_reason, largest_divisor
 from ..forms.anchored_chunk import (chunk_kernels, dual_chunk, generic_chunk, key_linear_chunk,
-                                    window_chunks)
+                                    stepped_chunk, window_chunks)
 from ..forms.linear_scan import linear_scan
 from ..forms.key_decay_chunk import run_key_decay
 from ..host.registry import Params
 from .base import Strategy
 
 
-MAX_DEFAULT_CHUNK = 64
 #: default `ChunkwiseParams.memory_budget_mib`: chunk-boundary states kept before segments are used
 DEFAULT_BUDGET_MIB = 1024.0
 
@@ -98,62 +102,14 @@ class Chunkwise(Strategy):
     @staticmethod
     def chunk_for_anchor(A: int) -> int:
         """The largest divisor of ``A`` up to `MAX_DEFAULT_CHUNK`."""
-        return max(d for d in range(1, min(A, MAX_DEFAULT_CHUNK) + 1) if A % d == 0)
+        return largest_divisor(A, MAX_DEFAULT_CHUNK)
 
     def supports(self, rule) -> tuple[bool, str]:
         f = rule.form  # decided once when the rule was built (atlas_core.forms.RuleForm)
         if not f.composed:
             return False, "core:chunkwise runs knob-composed rules; this rule is standalone"
-        if f.per_token_transition:
-            return False, (
-                f"retention {f.name('retention')!r} multiplies the memory by a per-token "
-                "matrix (a transition such as RWKV-7's diagonal-plus-low-rank one), which has no "
-                "chunked form here; core:sequential runs it"
-            )
-        if not f.retention_linear:
-            return False, (
-                f"retention {f.name('retention')!r} is nonlinear (it transforms the memory "
-                "after each step), so a chunk cannot be solved as a linear recurrence"
-            )
-        if f.retention_shape != "head" and not (
-                self.fast_path(rule) and f.update == "gd" and not f.windowed):
-            return False, (
-                f"retention {f.name('retention')!r} retains per key dimension; the chunk "
-                "form here decays per key only for core:gd on a linear memory with a one-token "
-                "window (core:sequential runs the rest)"
-            )
-        if not f.algorithm_chunk:
-            hint = f.chunk_hint
-            return False, (
-                f"algorithm {f.name('algorithm')!r} has no chunk form" + (f"; {hint}" if hint else "")
-            )
-        A, C = f.anchor, self.chunk_size
-        free = A == 1 and f.anchor_free  # any chunk: the gradients ignore the memory
-        if f.gradient_at != "current" and not free:
-            return False, (
-                f"retention {f.name('retention')!r} takes each gradient at that token's "
-                "decayed memory, which no chunk anchor shares; core:exact_chunk runs it exactly "
-                "where it can (gd, l2), else core:sequential"
-            )
-        if C is None and A == 1 and not free:
-            return False, (
-                "the rule is per-token (anchor = 1) and its gradients depend on the memory, so a "
-                "chunk of it cannot be formed from one anchor; core:exact_chunk runs it exactly "
-                "where it can, or set [memory] anchor = A for Titans' mini-batch rule"
-            )
-        if C is not None and C > 1 and A % C and not free:
-            if A == 1:
-                return False, (
-                    f"chunk_size={C} would take every gradient of a chunk at the chunk's start, "
-                    f"which is another rule than this per-token one (anchor = 1); to keep that "
-                    f"function write anchor = {C} in [memory], or run the per-token rule with "
-                    "core:exact_chunk or core:sequential"
-                )
-            return False, (
-                f"chunk_size={C} does not divide the rule's anchor={A}: a chunk must lie inside "
-                f"one anchor block; use a divisor of {A} (e.g. {self.chunk_for_anchor(A)})"
-            )
-        return True, ""
+        why = chunkwise_reason(f, self.chunk_size)  # an anchored form and the chunk grid
+        return why is None, why or ""
 
     def fast_path(self, rule) -> bool:
         """The linear path (`linear_scan`): gd or momentum on a linear memory."""
@@ -202,6 +158,7 @@ class Chunkwise(Strategy):
         xk, xv, xg = rule.extended_inputs(p)
         lag = rule.bias.lag_weights(p.v.dtype, p.v.device)
         dual = not fast and self.dual_path(rule)
+        stepped = "stepped_chunk" in f.chunk_forms  # a nonlinear retention, stepped per token
         # Per-chunk pieces are cut by one op per tensor (split / unfold / unbind), not by slicing
         # inside the loop: the backward of a slice writes a zero gradient as long as the whole
         # sequence, so T / C slices would cost O(T^2 / C); these ops' backward is one op each.
@@ -242,6 +199,10 @@ class Chunkwise(Strategy):
                 U = rule.bias.error(S.read(anchor, xe), ve)  # anchored error derivatives [B, H, m, Dv]
                 if per_key:
                     y, W = key_linear_chunk(rule, W["M"], xe, U, psi, inp["alpha"], inp["w"])
+                elif stepped:
+                    gates = {name[2:]: x for name, x in inp.items() if name.startswith("g.")}
+                    y, W, opt = stepped_chunk(rule, W, opt, xe, U, k_i["Wm"], gates, psi,
+                                              inp["alpha"], anchor)
                 else:
                     gates = {name[2:]: x for name, x in inp.items() if name.startswith("g.")}
                     y, W, opt = generic_chunk(rule, W, opt, xe, U, k_i["Wm"], k_i["L"],

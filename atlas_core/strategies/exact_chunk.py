@@ -6,15 +6,16 @@ tokens around it, under scalar-decay retention (``core:decay`` / ``core:none``),
 (GLA, KDA) and the dot bias with gd and a one-token window (`atlas_core.forms.key_decay_chunk`).
 The result equals ``core:sequential`` up to rounding for every chunk size C.
 
-What it accepts is read from the rule's form (``"exact_chunk"`` or ``"key_decay_chunk"`` in
-``rule.form.chunk_forms``, anchor 1); `supports` names the first reason it refuses: other
-algorithms, biases other than l2 and dot (lp / huber), the dot bias or per-key decay with momentum
-or a window, nonlinear retention, other structures (deep memory), anchored rules (``anchor > 1``:
-run by ``core:chunkwise``).
+What it accepts is the catalogue's (`atlas_core.forms.catalogue.exact_reason`: the
+``"exact_chunk"`` or ``"key_decay_chunk"`` form, both per-token); `supports` names the first
+reason it refuses: other algorithms, biases other than l2 and dot (lp / huber), the dot bias or
+per-key decay with momentum or a window, nonlinear retention, other structures (deep memory),
+anchored rules (``anchor > 1``: run by ``core:chunkwise``).
 """
 
 from __future__ import annotations
 
+from ..forms.catalogue import exact_reason
 from ..forms.exact_chunk import run_exact
 from ..forms.key_decay_chunk import run_key_decay
 from ..host.registry import Params
@@ -47,63 +48,8 @@ class ExactChunk(Strategy):
         f = rule.form  # decided once when the rule was built (atlas_core.forms.RuleForm)
         if not f.composed:
             return False, "core:exact_chunk runs knob-composed rules; this rule is standalone"
-        if f.anchored:
-            return False, (
-                f"the rule is anchored (anchor = {f.anchor}: every gradient of a block is taken at "
-                "the block's start memory); core:exact_chunk runs the per-token rule (anchor = 1) "
-                "— run anchored rules with core:chunkwise"
-            )
-        if not f.matrix_memory:
-            return False, (
-                f"structure {f.name('structure')!r} is not a linear matrix memory; the WY form "
-                "needs every step to be affine in M (use core:chunkwise or core:sequential)"
-            )
-        if f.update is None:
-            return False, (
-                f"algorithm {f.name('algorithm')!r} is neither core:gd nor core:momentum: its "
-                "step is not a linear recurrence in the gradient (use core:sequential)"
-            )
-        if f.momentum and f.opt_keys != ("Z.M",):
-            return False, f"algorithm {f.name('algorithm')!r} keeps state {list(f.opt_keys)}, not Z.M"
-        if f.retention_shape == "key" or f.error == "dot":
-            # per-key decay (GLA, KDA) and the dot bias: forms/key_decay_chunk.py
-            if f.update != "gd" or f.windowed or f.error not in ("l2", "dot"):
-                return False, (
-                    f"retention {f.name('retention')!r} / bias {f.name('bias')!r}: the exact "
-                    "per-key-decay form (and the dot bias's) is implemented for core:gd with the l2 "
-                    "or dot bias and a one-token window (use core:sequential)"
-                )
-            if f.per_token_transition:
-                return False, (
-                    f"retention {f.name('retention')!r} multiplies the memory by a per-token "
-                    "matrix (a transition such as RWKV-7's), which has no exact chunked form "
-                    "here; core:sequential runs it")
-            if not f.retention_linear:
-                return False, f"retention {f.name('retention')!r} transforms the memory after each step"
-            return True, ""
-        if f.error != "l2":
-            return False, (
-                f"bias {f.name('bias')!r} is not the l2 (delta-rule) bias, alone or in an Omega "
-                "window: the exact form needs an error linear in the memory, M k - v "
-                "(use core:chunkwise or core:sequential)"
-            )
-        if f.gradient_at != "current" and (f.update != "gd" or f.windowed):
-            return False, (
-                f"retention {f.name('retention')!r} takes the gradient at the decayed memory: "
-                "the exact form is implemented for gd with a one-token window only"
-            )
-        if f.per_token_transition:
-            return False, (
-                f"retention {f.name('retention')!r} multiplies the memory by a per-token matrix "
-                "(a transition such as RWKV-7's), which has no exact chunked form here; "
-                "core:sequential runs it"
-            )
-        if not f.retention_linear:
-            return False, (
-                f"retention {f.name('retention')!r} is not a scalar decay (it transforms the "
-                "memory after each step)"
-            )
-        return True, ""
+        why = exact_reason(f)  # the exact_chunk / key_decay_chunk forms (forms/catalogue.py)
+        return why is None, why or ""
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, rule, p):

@@ -20,8 +20,9 @@ third-party preset), one small call each, in two directions:
 - where the strategy accepts a rule, it computes what ``core:sequential`` computes on it
   (outputs, final state and gradients; its largest kit variant, as the other checks run it);
 - where no exact chunked form of the rule exists it must refuse: a knob-composed rule whose form
-  lists no chunk form (``rule.form.chunk_forms`` empty: a nonlinear retention, a per-token
-  transition, an algorithm with neither a chunk form nor a closed linear form), and a standalone
+  lists no chunk form (``rule.form.chunk_forms`` empty: a per-token transition, an algorithm
+  with neither a chunk form nor a closed linear form, a gradient at the decayed memory where no
+  per-token form applies; `atlas_core.forms.catalogue` says which), and a standalone
   rule of another plugin (its inputs are its own type; its own plugin's strategies run it).
 
 It depends on the strategy and its params only, not on the case's rule, so it runs once per
@@ -128,12 +129,11 @@ def check_default_chunk_size(subject) -> None:
 
 # -- every rule -----------------------------------------------------------------------------------
 def _no_chunked_form(form) -> str:
-    """Why a knob-composed rule whose form lists no chunk form has none."""
-    if not form.retention_linear:
-        return "its retention transforms the memory after each step (nonlinear)"
-    if form.per_token_transition:
-        return "its retention multiplies the memory by a per-token matrix"
-    return "its algorithm has neither a chunk form nor a closed linear form"
+    """Why a knob-composed rule whose form lists no chunk form has none (the chunk-form
+    catalogue's reason, `atlas_core.forms.catalogue.no_form_reason`)."""
+    from atlas_core.forms.catalogue import no_form_reason
+
+    return no_form_reason(form) or "no chunk form's requirement holds"
 
 
 def must_refuse(strategy_namespace: str, rule, component) -> str:

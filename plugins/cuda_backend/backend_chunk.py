@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from atlas_core.backends import Backend
+from atlas_core.forms.catalogue import linear_kernel_reason
 
 from .availability import interpreter_on, launch_errors, launch_fallback, tensors_runnable, triton_available
 from .limits import (DTYPES, MAX_BACKWARD_HEAD_DIM, MAX_BACKWARD_MOMENTUM_ROWS, MAX_BACKWARD_TILE, MAX_CHUNK,
@@ -29,25 +30,11 @@ def _pow2(n: int) -> int:
 
 def rule_refusal(f) -> str | None:
     """Why the kernel cannot run a rule of form ``f`` (`atlas_core.forms.RuleForm`) whatever the
-    call, or None: the linear matrix memory, gd or momentum, a linear scalar-decay retention with
-    the gradient at the current memory, and the l2 or dot error (alone or inside an Omega
-    window)."""
-    if not f.composed:
-        return "the rule is not knob-composed (the kernel runs linear-memory rules)"
-    if not f.matrix_memory:
-        return f"structure {f.name('structure')!r} is not the linear matrix memory"
-    if f.update is None:
-        return f"algorithm {f.name('algorithm')!r} is not gd or momentum"
-    if not f.retention_linear or f.per_token_transition:
-        return f"retention {f.name('retention')!r} is not a linear (scalar decay) retention"
-    if f.gradient_at != "current":
-        return f"retention {f.name('retention')!r} takes the gradient at the decayed memory"
-    if f.retention_shape != "head":
-        return f"retention {f.name('retention')!r} decays per key dimension (the kernel: per head)"
-    if f.error is None:
-        return (f"bias {f.name('bias')!r}: the kernel implements the l2 and dot errors "
-                "(alone or inside an Omega window)")
-    return None
+    call, or None: the catalogue's answer for a fused kernel of the linear chunk form
+    (`atlas_core.forms.catalogue.linear_kernel_reason`: the linear matrix memory, gd or momentum,
+    a linear per-head decay with the gradient at the current memory, the l2 or dot error alone or
+    inside an Omega window)."""
+    return linear_kernel_reason(f)
 
 
 def speed_refusal(momentum: bool, window: int, backward: bool) -> str | None:

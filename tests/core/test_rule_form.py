@@ -1,11 +1,13 @@
-"""Every consumer's accept / refuse decision is a function of the rule's form (`RuleForm`).
+"""Every consumer's accept / refuse decision is the chunk-form catalogue's (`forms.catalogue`).
 
 For every bundled preset and standalone rule, and knob compositions of every bundled structure,
 bias, retention and algorithm (per-token and anchored), the decisions of each registered strategy,
 of the CUDA backend (its rule-level part, `rule_refusal`) and of context parallelism
-(`affine_reason`) are (1) equal for rules with equal forms and (2) the small predicates over form
-fields written below. ``miras:lq`` at q = 2 is ``core:decay`` (identity hooks): every consumer runs
-it, and what they compute equals the reference.
+(`affine_reason`, `analytic_form`) are (1) equal for rules with equal forms and (2) the
+catalogue's answer for the rule's form, with only each consumer's own non-form condition added
+(atlas_parallel's algorithm class, the MRU strategies' rule type). ``miras:lq`` at q = 2 is
+``core:decay`` (identity hooks): every consumer runs it, and what they compute equals the
+reference.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import torch
 
 import atlas_core as ac
 from atlas_core.distributed.context import affine_reason
+from atlas_core.distributed.state_map import analytic_form
 from atlas_core.errors import SpecError
-from atlas_core.forms import RuleForm
+from atlas_core.forms import RuleForm, catalogue
 from atlas_core.host.manager import get_registry
 from atlas_plugins.atlas_muon.muon import Muon
 from atlas_plugins.cuda_backend.backend_chunk import rule_refusal
@@ -64,42 +67,46 @@ def _strategies():
     return out
 
 
-def decisions(rule) -> dict[str, bool]:
-    got = {name: s.supports(rule)[0] for name, s in _strategies().items()}
-    got["cuda:chunk_linear"] = rule_refusal(rule.form) is None
-    got["context:affine"] = affine_reason(rule) is None
+def decisions(rule) -> dict[str, tuple[bool, str]]:
+    """Every consumer's answer for ``rule``: (accepts, reason)."""
+    got = {name: tuple(s.supports(rule)) for name, s in _strategies().items()}
+    for name, why in (("cuda:chunk_linear", rule_refusal(rule.form)),
+                      ("context:affine", affine_reason(rule))):
+        got[name] = (why is None, why or "")
+    got["context:slice_map"] = (analytic_form(rule) is not None, str(analytic_form(rule)))
     return got
 
 
-# -- the table: each consumer's decision as a predicate over form fields ---------------------------
-def _chunkwise(f: RuleForm, C: int | None, fast: bool = True) -> bool:
-    free = f.anchor == 1 and f.prediction_free and f.memory_linear
-    per_key_ok = f.retention_shape == "head" or (
-        fast and f.memory_linear and f.update == "gd" and f.window == 1)
-    chunk_ok = free or (f.anchor > 1 and (C is None or C == 1 or f.anchor % C == 0)) or (
-        f.anchor == 1 and C == 1)
-    return (f.composed and f.retention_linear and not f.per_token_transition and per_key_ok
-            and f.algorithm_chunk and (f.gradient_at == "current" or free) and chunk_ok)
+# -- the catalogue's answers, with each consumer's own non-form condition -------------------------
+def _answer(why: str | None) -> tuple[bool, str]:
+    return why is None, why or ""
 
 
-def expected(f: RuleForm) -> dict[str, bool]:
-    is_muon = f.algorithm_type is not None and issubclass(f.algorithm_type, Muon)
+def _composed(f: RuleForm, strategy: str, why: str | None) -> tuple[bool, str]:
+    if not f.composed:  # the strategy's own message for a standalone rule
+        return False, f"{strategy} runs knob-composed rules; this rule is standalone"
+    return _answer(why)
+
+
+def catalogue_answers(rule) -> dict[str, tuple[bool, str]]:
+    f = rule.form
+    muon = f.algorithm_type is not None and issubclass(f.algorithm_type, Muon)
+    chunkwise = _composed(f, "core:chunkwise", catalogue.chunkwise_reason(f, None))
+    kind = catalogue.slice_map_form(f)
     return {
-        "core:sequential": True,
-        "core:chunkwise": _chunkwise(f, None),
-        "core:chunkwise(4)": _chunkwise(f, 4),
-        "core:exact_chunk": f.composed and f.anchor == 1 and bool(
-            f.chunk_forms & {"exact_chunk", "key_decay_chunk"}),
-        "atlas_muon:atlas_parallel": is_muon and _chunkwise(f, None, fast=False),
-        "mru:brent_kung": not f.composed,
-        "mru:hillis_steele": not f.composed,
-        "mru:sklansky": not f.composed,
-        "cuda:chunk_linear": (f.composed and f.matrix_memory and f.update is not None
-                              and f.retention_linear and not f.per_token_transition
-                              and f.gradient_at == "current" and f.retention_shape == "head"
-                              and f.error in ("l2", "dot")),
-        "context:affine": (f.composed and f.memory_linear and f.update is not None
-                           and f.retention_linear and f.error == "l2"),
+        "core:sequential": (True, ""),
+        "core:chunkwise": chunkwise,
+        "core:chunkwise(4)": _composed(f, "core:chunkwise", catalogue.chunkwise_reason(f, 4)),
+        "core:exact_chunk": _composed(f, "core:exact_chunk", catalogue.exact_reason(f)),
+        # its own condition: the Muon algorithm class (docs/architecture.md)
+        "atlas_muon:atlas_parallel": chunkwise if muon else (False, None),
+        # the MRU strategies decide by the rule's type: the standalone MRU only
+        "mru:brent_kung": (not f.composed, None),
+        "mru:hillis_steele": (not f.composed, None),
+        "mru:sklansky": (not f.composed, None),
+        "cuda:chunk_linear": _answer(catalogue.linear_kernel_reason(f)),
+        "context:affine": _answer(catalogue.affine_reason(f)),
+        "context:slice_map": (kind is not None, str(kind)),
     }
 
 
@@ -107,12 +114,33 @@ def _label(spec: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in spec.items())
 
 
+def _differences(got: dict, want: dict) -> dict:
+    """Consumers whose decision, or (where the catalogue words it) reason, differs."""
+    return {k: (got[k], w) for k, w in want.items()
+            if got[k][0] != w[0] or (w[1] is not None and got[k][1] != w[1])}
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=_label)
-def test_every_decision_is_the_table_over_the_form(spec):
+def test_every_decision_is_the_catalogues(spec):
     rule = ac.build_rule(spec)
-    got = decisions(rule)
-    assert set(got) == set(expected(rule.form))
-    assert got == expected(rule.form), {k: (got[k], v) for k, v in expected(rule.form).items() if got[k] != v}
+    got, want = decisions(rule), catalogue_answers(rule)
+    assert set(got) == set(want), "a consumer without a catalogue answer here"
+    assert not _differences(got, want)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_label)
+def test_chunk_forms_are_the_forms_whose_requirement_holds(spec):
+    f = ac.build_rule(spec).form
+    assert f.chunk_forms == {c.name for c in catalogue.CATALOGUE if c.requires(f) is None}
+    for c in catalogue.CATALOGUE:  # a refusal always says why
+        why = c.requires(f)
+        assert why is None or (isinstance(why, str) and len(why) > 20), (c.name, why)
+
+
+def test_every_form_both_holds_and_fails_somewhere():
+    forms = [ac.build_rule(s).form for s in SPECS]
+    for c in catalogue.CATALOGUE:
+        assert {c.requires(f) is None for f in forms} == {True, False}, c.name
 
 
 def test_equal_forms_get_equal_decisions():
@@ -120,7 +148,7 @@ def test_equal_forms_get_equal_decisions():
     groups = 0
     for spec in SPECS:
         rule = ac.build_rule(spec)
-        got = decisions(rule)
+        got = {k: ok for k, (ok, _) in decisions(rule).items()}
         if rule.form in by_form:
             first, want = by_form[rule.form]
             assert got == want, (first, _label(spec))
@@ -137,7 +165,20 @@ def test_the_enumeration_covers_every_preset_and_consumer_answer():
     table = [decisions(ac.build_rule(s)) for s in SPECS]
     for consumer in table[0]:  # each consumer both accepts and refuses something
         if consumer != "core:sequential":
-            assert {row[consumer] for row in table} == {True, False}, consumer
+            assert {row[consumer][0] for row in table} == {True, False}, consumer
+    kinds = {row["context:slice_map"][1] for row in table}
+    assert kinds == {"exact", "key", "anchored", "None"}
+
+
+def test_the_nonlinear_retentions_have_the_stepped_form_only():
+    for spec in ({"use": "miras:moneta"}, {"use": "miras:memora"},
+                 {"retention": {"use": "miras:lq", "q": 4.0}, "anchor": 4}):
+        f = ac.build_rule(spec).form
+        assert f.chunk_forms == {"stepped_chunk"}, spec
+    why = catalogue.reason("stepped_chunk", ac.build_rule({"retention": "core:decay"}).form)
+    assert "is linear" in why
+    rwkv = ac.build_rule({"use": "zoo:rwkv7"}).form
+    assert not rwkv.chunk_forms and "per-token matrix" in catalogue.reason("stepped_chunk", rwkv)
 
 
 # -- miras:lq at q = 2 ---------------------------------------------------------------------------

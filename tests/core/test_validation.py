@@ -84,12 +84,16 @@ def test_bad_strategy_params():
 
 def test_strategy_refusal_names_reason():
     from atlas_core.knobs.retention import Retention
+    from atlas_core.strategies.exact_chunk import ExactChunk
 
-    rule = ac.build_rule({"anchor": 4})
+    rule = ac.build_rule({})
     rule.retention = type("Softish", (Retention,), {"linear": False})()
     q, k, v, g = make_inputs()
-    with pytest.raises(StrategyError, match=r"core:chunkwise cannot run this rule: retention .* is nonlinear"):
-        rule(q, k, v, gates={"theta": g["theta"]}, strategy="core:chunkwise")
+    # a nonlinear retention has the stepped chunk form only inside anchor blocks: a per-token
+    # rule at chunk size 4 is refused with the reason
+    with pytest.raises(StrategyError, match=r"core:chunkwise cannot run this rule: chunk_size=4 .*per-token"):
+        rule(q, k, v, gates={"theta": g["theta"]}, strategy={"use": "core:chunkwise", "chunk_size": 4})
+    assert "is nonlinear" in ExactChunk().supports(rule)[1]
     # auto falls back to the reference
     y, _ = rule(q, k, v, gates={"theta": g["theta"]}, strategy="auto")
     assert y.shape == v.shape

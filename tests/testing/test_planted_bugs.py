@@ -66,7 +66,7 @@ BUGS = {
         "planted:mesa_chunks(chunk_size=1) differs from core:sequential (non-zero initial state)",
         "max abs diff=", "Contract: every strategy that accepts a rule computes what core:sequential"]),
     "claims_every_rule": ("check_strategy_on_every_rule", CHUNKS, [
-        "planted:mesa_chunks accepts ", "so only core:sequential runs it",
+        "planted:mesa_chunks accepts ", "a strategy must refuse what it cannot run as a chunked computation",
         "supports() -> (False, reason)", "Contract: a strategy, against every rule the environment has"]),
     "claims_standalone": ("check_strategy_on_every_rule", CHUNKS, [
         "planted:mesa_chunks accepts mru:mru (atlas-ttm", "it is a standalone rule of another plugin ('mru')",

@@ -143,10 +143,10 @@ def test_lq_hooks_invert_each_other():
         assert torch.equal(r.post(zero)["M"], zero["M"]) and torch.equal(r.pre(zero)["M"], zero["M"])
 
 
-def test_chunkwise_refuses_nonlinear_retention_with_its_reason():
+def test_chunkwise_refuses_a_per_token_nonlinear_retention_above_chunk_one_with_its_reason():
     rule = ac.build_rule("miras:memora")
     q, k, v, alpha, theta = _call(T=4)
-    with pytest.raises(StrategyError, match="nonlinear"):
+    with pytest.raises(StrategyError, match=r"chunk_size=2 .*per-token one \(anchor = 1\)"):
         rule(q, k, v, gates={"alpha": alpha, "theta": theta}, strategy={"use": "core:chunkwise", "chunk_size": 2})
 
 

@@ -25,8 +25,9 @@ the uniform memory, and with ``read = "before"`` the first output reads it (``(c
 per output coordinate). A state with an entry exactly zero (a boundary point of the simplex) is
 still accepted: its log is clamped at ``log(tiny)``, so the entry stays numerically zero while
 ``alpha > 0`` (alpha = 0 forgets the old memory, zeros included). The
-retention is nonlinear (``linear = False``): ``core:chunkwise`` refuses it with its reason,
-``core:sequential`` runs it.
+retention is nonlinear (``linear = False``): ``core:chunkwise`` runs it in chunks inside anchor
+blocks (the ``stepped_chunk`` form, exact: the softmax applied token by token between gradients
+formed at the anchor at once), ``core:sequential`` runs every rule.
 
 Shapes: every weight ``[B, H, *shape]`` (``"M": [B, H, Dv, Dphi]`` for ``core:linear``).
 """

@@ -15,8 +15,11 @@ the normalisation to recover A before the update and apply it after:
 
 which is exact for every q != 3 (at q = 3 the map forgets the magnitude and cannot be inverted).
 At q = 2 both hooks are the identity and the retention is ``core:decay`` (``linear = True``, the
-declared reduction ``q2_is_decay``); otherwise it is nonlinear and ``core:chunkwise`` refuses it
-(MIRAS applies the normalisation once per chunk in its parallel form, which is a different rule).
+declared reduction ``q2_is_decay``); otherwise it is nonlinear: ``core:chunkwise`` runs it in
+chunks inside anchor blocks (the ``stepped_chunk`` form: gradients at the anchor formed at once,
+the normalisation applied token by token between them, exact) and refuses a chunk size above 1
+at ``anchor = 1``. (MIRAS applies the normalisation once per chunk in its parallel form, which is
+a different rule.)
 For q > 3 the normalisation inverts magnitudes (a large A gives a small M); with a linear memory
 q in (2, 3) keeps the memory's scale closest to the accumulator's.
 
