@@ -371,7 +371,7 @@ def _key_run(rule, p, C: int) -> _Run:
     Dn = (Xw * torch.exp(bC - b)).transpose(-1, -2)  # [B, H, N, Dk, C]
     rs = b if f.gradient_at == "retained" else bp
     Nm = decayed_scores(X, rs, Xw, b, strict=True)
-    Wsol, U = ex.unit_lower_solve(Nm, X * torch.exp(rs)), ex.unit_lower_solve(Nm, V)
+    Wsol, U = ex.unit_lower_solve(Nm, X * torch.exp(rs), V)
     return _Run(mix=torch.ones_like(bC[..., :1]), diag=torch.exp(bC.squeeze(-2)), Dn=-Dn,
                 Wm=Wsol, woff=[0] * N, b=Dn @ U, Y=_minus_mm(Q * torch.exp(rq), Pm, Wsol), tokens=T)
 

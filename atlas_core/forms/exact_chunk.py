@@ -86,7 +86,7 @@ from .tril_inverse import unit_lower_inverse
 
 #: systems of this size and more are solved by the batched inverse (`tril_inverse`): LAPACK's
 #: batched trsm runs one small system at a time, several times slower from 32 up on a CPU
-_INVERT_FROM = 32
+INVERT_FROM = 32
 
 
 def shift_down(x: torch.Tensor, first: float, dim: int) -> torch.Tensor:
@@ -114,13 +114,17 @@ def _outer(coef: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (coef.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
 
 
-def unit_lower_solve(Nm: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
-    """``(I + Nm)^-1 R`` for strictly lower ``Nm [..., n, n]`` (its diagonal and upper part are not
-    read), batched. Posed as the right-sided system ``X (I + Nm)^T = R^T``: the row-major layout
-    LAPACK's trsm takes without copying, about twice as fast on a CPU as the left-sided form."""
-    if Nm.shape[-1] >= _INVERT_FROM:
-        return unit_lower_inverse(Nm) @ R
-    return torch.linalg.solve_triangular(Nm.mT, R.mT, upper=True, left=False, unitriangular=True).mT
+def unit_lower_solve(Nm: torch.Tensor, *Rs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(I + Nm)^-1 R`` for each ``R`` of ``Rs``, strictly lower ``Nm [..., n, n]`` (its diagonal
+    and upper part are not read), batched. From ``n = INVERT_FROM`` the inverse is formed once
+    (`tril_inverse`) and multiplies each ``R``; below, each is posed as the right-sided system
+    ``X (I + Nm)^T = R^T``: the row-major layout LAPACK's trsm takes without copying, about twice
+    as fast on a CPU as the left-sided form."""
+    if Nm.shape[-1] >= INVERT_FROM:
+        inv = unit_lower_inverse(Nm)
+        return tuple(inv @ R for R in Rs)
+    return tuple(torch.linalg.solve_triangular(Nm.mT, R.mT, upper=True, left=False, unitriangular=True).mT
+                 for R in Rs)
 
 
 def _slots(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -257,8 +261,8 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
     else:
         mix = chunk_ends(A, last)[..., None, None]
     # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | -PL' X], U = (I + Nm)^-1 V
-    return ExactPieces(W=unit_lower_solve(Nm, Wx), U=unit_lower_solve(Nm, V), Dn=Dn, Qs=Qs, Pm=Pm,
-                       mix=mix, tokens=T)
+    W, U = unit_lower_solve(Nm, Wx, V)
+    return ExactPieces(W=W, U=U, Dn=Dn, Qs=Qs, Pm=Pm, mix=mix, tokens=T)
 
 
 def window_pieces(xk, xv, xg, lag, theta, Q, Kp, Kr, N, C, c, pad):

@@ -201,8 +201,7 @@ def run_key_decay(rule, p, chunk_size: int):
     if l2:
         rs = b if retained else bp
         Nm = decayed_scores(X, rs, Xw, b, strict=True)
-        Wsol = unit_lower_solve(Nm, X * torch.exp(rs))  # E = Wsol S^T - U
-        U = unit_lower_solve(Nm, V)
+        Wsol, U = unit_lower_solve(Nm, X * torch.exp(rs), V)  # E = Wsol S^T - U
 
     def flat(x):
         return x.flatten(0, 1).unbind(1)  # [B H, ...] per chunk
