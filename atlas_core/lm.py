@@ -45,6 +45,7 @@ from .attention import AttentionParams
 from .errors import Issue, SpecError
 from .host.registry import Params
 from .model import MemoryLM
+from .mlp import SwiGLU
 from .moe import MoEParams
 
 
@@ -171,19 +172,6 @@ def swiglu_hidden(d_model: int, ratio: float) -> int:
     """fla's GatedMLP intermediate size: ``int(d_model * ratio * 2/3)`` rounded up to a multiple of 256."""
     hidden = int(d_model * ratio * 2 / 3)
     return 256 * ((hidden + 255) // 256)
-
-
-class SwiGLU(nn.Module):
-    """``x -> W_d (silu(W_g x) * W_u x)``, no biases (fla's ``GatedMLP``): ``[B, T, d] -> [B, T, d]``."""
-
-    def __init__(self, d_model: int, hidden: int) -> None:
-        super().__init__()
-        self.gate = nn.Linear(d_model, hidden, bias=False)
-        self.up = nn.Linear(d_model, hidden, bias=False)
-        self.down = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
 
 
 def make_mlp(p: "LMParams") -> nn.Module:

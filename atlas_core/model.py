@@ -1,5 +1,5 @@
-"""Models: the base class every architecture's language model derives from, sampling, and
-`build_model`.
+"""Models: the base class every architecture's language model derives from, sampling
+(`Sampling`, `sample_next`), and `build_model`.
 
 An architecture is a registered component of kind ``arch`` whose factory receives its validated
 params and ``ctx.options["spec"]`` (the resolved spec) and returns a `MemoryLM`.
@@ -19,6 +19,7 @@ What training needs to know about a model is declared on its class and read, nev
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -26,37 +27,48 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def sample_next(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    greedy: bool = False,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Next token ids ``[B]`` from last-position logits ``[B, vocab]``."""
-    if greedy or temperature == 0:
-        return logits.argmax(dim=-1)
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0 (0 means greedy)")
-    logits = logits.float() / temperature
-    if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k={top_k} must be >= 1")
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p={top_p} must be in (0, 1]")
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = sorted_logits.softmax(-1)
-        # drop a token when the mass strictly before it already reaches top_p
-        drop = probs.cumsum(-1) - probs >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen from last-position logits: ``greedy`` (or ``temperature`` 0)
+    the most likely, else a draw at ``temperature`` among the ``top_k`` most likely and the
+    smallest set of mass ``top_p``. `sample_next`, `MemoryLM.generate` and
+    `atlas_core.decode.generate` take these fields as keywords."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    greedy: bool = False
+    generator: torch.Generator | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """Next token ids ``[B]`` from last-position logits ``[B, vocab]``."""
+        if self.greedy or self.temperature == 0:
+            return logits.argmax(dim=-1)
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        logits = logits.float() / self.temperature
+        if self.top_k is not None:
+            if self.top_k < 1:
+                raise ValueError(f"top_k={self.top_k} must be >= 1")
+            kth = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None:
+            if not 0 < self.top_p <= 1:
+                raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+            sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+            probs = sorted_logits.softmax(-1)
+            # drop a token when the mass strictly before it already reaches top_p
+            drop = probs.cumsum(-1) - probs >= self.top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        probs = logits.softmax(-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+
+
+def sample_next(logits: torch.Tensor, **sampling: Any) -> torch.Tensor:
+    """Next token ids ``[B]`` from last-position logits ``[B, vocab]``; ``sampling``: the fields
+    of `Sampling` (``temperature``, ``top_k``, ``top_p``, ``greedy``, ``generator``)."""
+    return Sampling(**sampling)(logits)
 
 
 class MemoryLM(nn.Module):
@@ -103,18 +115,11 @@ class MemoryLM(nn.Module):
             )
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int = 64,
-        *,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        greedy: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Incremental decoding with a carried state: ``[B, T] -> [B, T + max_new_tokens]``."""
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int = 64, **sampling: Any) -> torch.Tensor:
+        """Incremental decoding with a carried state: ``[B, T] -> [B, T + max_new_tokens]``;
+        ``sampling``: the fields of `Sampling` (``temperature``, ``top_k``, ``top_p``, ``greedy``,
+        ``generator``)."""
+        choose = Sampling(**sampling)
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
         self.check_ids(prompt_ids)
@@ -123,10 +128,7 @@ class MemoryLM(nn.Module):
         logits, state = self.step(prompt_ids, None)
         out = [prompt_ids]
         for _ in range(max_new_tokens):
-            nxt = sample_next(
-                logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p,
-                greedy=greedy, generator=generator,
-            )
+            nxt = choose(logits[:, -1])
             out.append(nxt[:, None])
             logits, state = self.step(nxt[:, None], state)
         return torch.cat(out, dim=1)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
+from .mlp import SwiGLU
 from .params import Params, size_field
 
 
@@ -57,8 +58,6 @@ class SparseMoE(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(E, 2 * I, d_model).normal_(0.0, d_model ** -0.5))
         self.down = nn.Parameter(torch.empty(E, d_model, I).normal_(0.0, I ** -0.5))
         if p.shared_hidden:
-            from .lm import SwiGLU  # the dense MLP's module (lm imports this file's params)
-
             self.shared = SwiGLU(d_model, p.shared_hidden)
             if p.shared_gate:
                 self.shared_gate = nn.Linear(d_model, 1, bias=False)

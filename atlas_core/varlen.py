@@ -179,7 +179,7 @@ def packed_short_conv(conv, x: torch.Tensor, cache: torch.Tensor | None, cu: Seq
     """`atlas_core.layer.ShortConv` over packed documents: ``x: [1, T, C]``, ``cache`` None or
     ``[N, K - 1, C]`` (each document's carried inputs). Returns ``(y [1, T, C], cache [N, K-1, C])``;
     no output reads an input of another document."""
-    K, (B, T, C), N = conv.kernel, x.shape, len(cu) - 1
+    K, (_, T, C), N = conv.kernel, x.shape, len(cu) - 1
     if cache is None:
         cache = x.new_zeros(N, K - 1, C)
     elif tuple(cache.shape) != (N, K - 1, C):

@@ -55,7 +55,7 @@ def _human(data: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from atlas_core.bench.report import COLUMNS, _fmt, atlas_cost_lines
+    from atlas_core.bench.report import COLUMNS, format_cell, atlas_cost_lines
 
     con = out_console()
     m = data["machine"]
@@ -66,7 +66,7 @@ def _human(data: dict[str, Any]) -> None:
     for _, head in COLUMNS:
         table.add_column(head, overflow="fold")
     for r in data["rows"]:
-        cells = [_fmt(k, r[k]) for k, _ in COLUMNS]
+        cells = [format_cell(k, r[k]) for k, _ in COLUMNS]
         if r["check"] not in ("passed", "reference", "external", "skipped"):
             cells[3] = f"[red]{cells[3]}[/]"
         table.add_row(*[c if i == 3 else escape(c) for i, c in enumerate(cells)])

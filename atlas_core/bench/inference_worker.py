@@ -56,7 +56,7 @@ def make_hf(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_fla_shape(job: dict[str, Any]) -> dict[str, Any]:
-    from ..fla_import import family_for, spec_for
+    from ..fla_import.mapping import family_for, spec_for
     from ..model import build_model
     from ..spec import load_spec
     from ..train.checkpoint import save_checkpoint

@@ -34,7 +34,6 @@ another (the probe's own bookkeeping would be counted): ``benchmarks/bench_resid
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from typing import Any, Callable
 

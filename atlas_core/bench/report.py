@@ -14,7 +14,7 @@ COLUMNS = [
 ]
 
 
-def _fmt(key: str, value: Any) -> str:
+def format_cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key == "speedup":
@@ -44,7 +44,7 @@ def atlas_cost_lines(data: dict[str, Any]) -> list[str]:
 
 
 def table_rows(result) -> list[list[str]]:
-    return [[_fmt(k, getattr(r, k)) for k, _ in COLUMNS] for r in result.rows]
+    return [[format_cell(k, getattr(r, k)) for k, _ in COLUMNS] for r in result.rows]
 
 
 def to_text(result) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..knobs.algorithm import Algorithm, _bc
+from ..knobs.algorithm import Algorithm, broadcast_gate
 from ..knobs.gates import THETA
 
 
@@ -19,15 +19,16 @@ class GD(Algorithm):
     def step(self, W, opt, g, *, alpha, gates, retention):
         theta = gates["theta"]
         pre = retention.pre(W)
-        raw = {k: _bc(alpha, pre[k]) * pre[k] - _bc(theta, g[k]) * g[k] for k in W}
+        raw = {k: broadcast_gate(alpha, pre[k]) * pre[k] - broadcast_gate(theta, g[k]) * g[k]
+               for k in W}
         return retention.post(raw), opt
 
     def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
         theta, A = gates["theta"], decay_from_start  # [B, H, C]
         out = {}
         for k, w0 in W0.items():
-            upd = torch.einsum("bhtj,bhj...->bht...", decay, _bc(theta, G[k]) * G[k])
-            out[k] = _bc(A, upd) * w0.unsqueeze(2) - upd
+            upd = torch.einsum("bhtj,bhj...->bht...", decay, broadcast_gate(theta, G[k]) * G[k])
+            out[k] = broadcast_gate(A, upd) * w0.unsqueeze(2) - upd
         return out, opt0
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..knobs.algorithm import Algorithm, _bc
+from ..knobs.algorithm import Algorithm, broadcast_gate
 from ..knobs.gates import ETA, THETA
 from ..forms.decay import decay_matrix
 
@@ -26,9 +26,9 @@ class Momentum(Algorithm):
 
     def step(self, W, opt, g, *, alpha, gates, retention):
         eta, theta = gates["eta"], gates["theta"]
-        Z = {k: _bc(eta, opt[f"Z.{k}"]) * opt[f"Z.{k}"] + _bc(theta, g[k]) * g[k] for k in W}
+        Z = {k: broadcast_gate(eta, opt[f"Z.{k}"]) * opt[f"Z.{k}"] + broadcast_gate(theta, g[k]) * g[k] for k in W}
         pre = retention.pre(W)
-        raw = {k: _bc(alpha, pre[k]) * pre[k] - Z[k] for k in W}
+        raw = {k: broadcast_gate(alpha, pre[k]) * pre[k] - Z[k] for k in W}
         return retention.post(raw), {f"Z.{k}": z for k, z in Z.items()}
 
     def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
@@ -38,11 +38,11 @@ class Momentum(Algorithm):
         out, opt = {}, {}
         for k, w0 in W0.items():
             z0 = opt0[f"Z.{k}"]
-            Z = _bc(P, G[k]) * z0.unsqueeze(2) + torch.einsum(
-                "bhti,bhi...->bht...", E, _bc(theta, G[k]) * G[k]
+            Z = broadcast_gate(P, G[k]) * z0.unsqueeze(2) + torch.einsum(
+                "bhti,bhi...->bht...", E, broadcast_gate(theta, G[k]) * G[k]
             )  # [B, H, C, *s]
             upd = torch.einsum("bhtj,bhj...->bht...", decay, Z)
-            out[k] = _bc(A, upd) * w0.unsqueeze(2) - upd
+            out[k] = broadcast_gate(A, upd) * w0.unsqueeze(2) - upd
             opt[f"Z.{k}"] = Z[:, :, -1]
         return out, opt
 

@@ -30,14 +30,12 @@ class Token:
     position: int
 
 
-def _sample(logits: torch.Tensor, usable: int | None, **sampling) -> torch.Tensor:
-    from ..model import sample_next
-
+def _sample(logits: torch.Tensor, usable: int | None, choose) -> torch.Tensor:
     last = logits.float()
     if usable is not None and usable < last.shape[-1]:
         last = last.clone()
         last[:, usable:] = float("-inf")
-    return sample_next(last, **sampling)
+    return choose(last)
 
 
 @torch.no_grad()
@@ -45,9 +43,12 @@ def generate(model, prompts: list[torch.Tensor] | torch.Tensor, max_new_tokens: 
              usable: int | None = None, max_len: int | None = None, fast: bool = True,
              **sampling) -> Iterator[Token]:
     """Yield each new token of each prompt as it is decoded (module docstring). ``usable``: sample
-    among the first ``usable`` ids only; ``sampling``: `atlas_core.model.sample_next`'s options
+    among the first ``usable`` ids only; ``sampling``: the fields of `atlas_core.model.Sampling`
     (``greedy``, ``temperature``, ``top_k``, ``top_p``, ``generator``); ``fast=False`` decodes
     through ``model.step`` (the reference)."""
+    from ..model import Sampling
+
+    choose = Sampling(**sampling)
     rows = [p.reshape(-1) for p in (list(prompts) if isinstance(prompts, (list, tuple)) else prompts.unbind(0))]
     if not rows or any(r.numel() == 0 for r in rows):
         raise ValueError("every prompt must hold at least one token")
@@ -60,7 +61,7 @@ def generate(model, prompts: list[torch.Tensor] | torch.Tensor, max_new_tokens: 
         dec = Decoder(model, batch=len(rows), max_len=max_len or longest + max_new_tokens + 1)
         logits = dec.prefill(rows)
         for i in range(max_new_tokens):
-            nxt = _sample(logits, usable, **sampling)
+            nxt = _sample(logits, usable, choose)
             for b, t in enumerate(nxt.tolist()):
                 yield Token(b, t, rows[b].numel() + i)
             if i + 1 < max_new_tokens:
@@ -73,7 +74,7 @@ def generate(model, prompts: list[torch.Tensor] | torch.Tensor, max_new_tokens: 
         logits.append(lg[:, -1])
     for i in range(max_new_tokens):
         for b in range(len(rows)):
-            nxt = _sample(logits[b], usable, **sampling)
+            nxt = _sample(logits[b], usable, choose)
             yield Token(b, int(nxt[0]), rows[b].numel() + i)
             if i + 1 < max_new_tokens:
                 lg, states[b] = model.step(nxt[:, None], states[b])

@@ -262,7 +262,7 @@ class MlpStep:
     """A block's MLP on ``x: [B, d]``: SwiGLU with its gate and up rows fused, GELU, or routed experts."""
 
     def __init__(self, mlp) -> None:
-        from ..lm import SwiGLU
+        from ..mlp import SwiGLU
 
         self.mlp = mlp
         self.swiglu = isinstance(mlp, SwiGLU)

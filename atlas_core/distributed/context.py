@@ -80,7 +80,6 @@ slice per rank), and each boundary sends the whole state forward and its gradien
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -90,6 +89,7 @@ from .. import input_checks
 from ..forms import catalogue
 from ..forms.exact_chunk import ExactPieces, exact_pieces
 from ..strategies.exact_chunk import ExactChunk
+from .call import Call, add_grads, grads, leaf
 from .map_plan import Boundaries, Chain, exchange, map_plan
 from . import state_map
 from .state_map import SliceMap, analytic_form, chunk_maps, flush_subnormals, positions, slice_map
@@ -119,66 +119,12 @@ def mode_for(rule, mode: str = "auto") -> str:
     return mode
 
 
-@dataclass
-class _Call:
-    """What one context-parallel call needs besides its tensors."""
-
-    rule: Any
-    strategy: Any
-    group: Any
-    rank: int
-    world: int
-    ranks: list[int]  # global ranks of the group, in group order
-    state_keys: list[str]
-    gate_names: list[str]
-    n_params: int
-    memory_keys: list[str] = field(default_factory=list)
-
-    def unpack(self, tensors):
-        ns, ng = len(self.state_keys), len(self.gate_names)
-        s0 = dict(zip(self.state_keys, tensors[:ns]))
-        q, k, v = tensors[ns:ns + 3]
-        gates = dict(zip(self.gate_names, tensors[ns + 3:ns + 3 + ng]))
-        params = list(tensors[ns + 3 + ng:])
-        return s0, q, k, v, gates, params
-
-    def run(self, q, k, v, gates, state):
-        # the class's forward: a model with context parallelism on routes the rule's own call here
-        return type(self.rule).forward(self.rule, q, k, v, gates=gates or None, state=state,
-                                       strategy=self.strategy)
-
-
-def _gather(t: torch.Tensor, call: _Call) -> list[torch.Tensor]:
+def _gather(t: torch.Tensor, call: Call) -> list[torch.Tensor]:
     out = [torch.empty_like(t) for _ in range(call.world)]
     dist.all_gather(out, t.contiguous(), group=call.group)
     return out
 
 
-def _leaf(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().requires_grad_(t.is_floating_point())
-
-
-def _grads(outputs, inputs, grad_outputs, retain: bool):
-    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None and o.requires_grad]
-    wanted = [x for x in inputs if x.requires_grad]
-    if not pairs or not wanted:
-        got = [None] * len(wanted)
-    else:
-        got = list(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs],
-                                       retain_graph=retain, allow_unused=True))
-    it = iter(got)
-    return [next(it) if x.requires_grad else None for x in inputs]
-
-
-def _add(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a + b
-
-
-# -- the affine mode ---------------------------------------------------------------------------------
 def _rows(state: Mapping[str, torch.Tensor], keys: list[str]) -> torch.Tensor:
     """The memory tensors ``[B, H, Dv, Dphi]`` side by side: ``[B, H, Dv, K * Dphi]``."""
     return torch.cat([state[k] for k in keys], dim=-1)
@@ -188,7 +134,7 @@ def _unrows(rows: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
     return dict(zip(keys, rows.chunk(len(keys), dim=-1)))
 
 
-def _carried_inputs(call: _Call, s0, q, k, v, gates, lengths: list[int]) -> dict[str, torch.Tensor]:
+def _carried_inputs(call: Call, s0, q, k, v, gates, lengths: list[int]) -> dict[str, torch.Tensor]:
     """Rank r's carried inputs: the window of rank r - 1's last inputs and the anchor position."""
     rule, r = call.rule, call.rank
     out: dict[str, torch.Tensor] = {}
@@ -221,7 +167,7 @@ def _carried_inputs(call: _Call, s0, q, k, v, gates, lengths: list[int]) -> dict
     return out
 
 
-def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
+def _probe(call: Call, q, k, v, gates, carried, like: torch.Tensor):
     """``(P, C)`` of this rank's slice: ``S_out = S_in P^T + C`` (see the module docstring).
     The m + 1 probe runs go one after another, without a graph: the memory of one run."""
     keys = call.memory_keys
@@ -247,7 +193,7 @@ def _probe(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
     return P, C
 
 
-def _exact_chunk(call: _Call, q: torch.Tensor) -> int | None:
+def _exact_chunk(call: Call, q: torch.Tensor) -> int | None:
     """The chunk size when this rank runs its slice from `forms.exact_chunk.ExactPieces` (the pieces
     formed once for both the map and the run): the strategy is ``core:exact_chunk`` on a rule of
     the exact form (`state_map.analytic_form`), the slice holds more than one token, autocast is
@@ -264,7 +210,7 @@ def _exact_chunk(call: _Call, q: torch.Tensor) -> int | None:
     return strat.chunk_for(rule)
 
 
-def _run_pieces(call: _Call, p, pieces: ExactPieces, rows_in: torch.Tensor):
+def _run_pieces(call: Call, p, pieces: ExactPieces, rows_in: torch.Tensor):
     """The slice from the memory ``rows_in`` on the exact form's pieces, as the rule's call
     returns it: ``(y [B, T, H, Dv], final state)``."""
     rule = call.rule
@@ -273,7 +219,7 @@ def _run_pieces(call: _Call, p, pieces: ExactPieces, rows_in: torch.Tensor):
     return rule.finish(p, (y, rule.final_state(memory, {}, *rule.extended_inputs(p))))
 
 
-def _quantum(call: _Call) -> int:
+def _quantum(call: Call) -> int:
     """Where pieces of a slice may start (`map_plan`): on the chunks of ``core:exact_chunk`` when
     it runs a rule of the exact form (its rank reads its pieces' maps from its run's chunks), else
     anywhere."""
@@ -286,7 +232,7 @@ def _quantum(call: _Call) -> int:
     return chunk // math.gcd(chunk, sub)
 
 
-def _window_at(call: _Call, carried, xs, gs, start: int, like: torch.Tensor) -> dict:
+def _window_at(call: Call, carried, xs, gs, start: int, like: torch.Tensor) -> dict:
     """The carried inputs at token ``start`` of this rank's slice: a window's last c - 1 inputs
     before it and the anchor position there."""
     rule = call.rule
@@ -310,7 +256,7 @@ def _window_at(call: _Call, carried, xs, gs, start: int, like: torch.Tensor) -> 
     return out
 
 
-def _piece_inputs(call: _Call, plan, carried, q, k, v, gates, lengths, like) -> dict:
+def _piece_inputs(call: Call, plan, carried, q, k, v, gates, lengths, like) -> dict:
     """The inputs of this rank's pieces, ``{index in plan: (q, k, v, gates, carried)}``: its own
     slice's cut out, the others' received from their ranks (which send them here)."""
     r, out = call.rank, {}
@@ -343,7 +289,7 @@ def _piece_inputs(call: _Call, plan, carried, q, k, v, gates, lengths, like) -> 
 
 class _Affine(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, call: _Call, *tensors):
+    def forward(ctx, call: Call, *tensors):
         s0, q, k, v, gates, params = call.unpack(tensors)
         keys = call.memory_keys
         r, R = call.rank, call.world
@@ -356,9 +302,9 @@ class _Affine(torch.autograd.Function):
         n = rows0.shape[-1]
         chunk = _exact_chunk(call, q)
         with torch.enable_grad():
-            carried_in = {key: _leaf(x) for key, x in carried.items()}
-            xs = [_leaf(x) for x in (q, k, v)]
-            gs = {g: _leaf(x) for g, x in gates.items()}
+            carried_in = {key: leaf(x) for key, x in carried.items()}
+            xs = [leaf(x) for x in (q, k, v)]
+            gs = {g: leaf(x) for g, x in gates.items()}
             pieces = None
             if chunk is not None:  # the chunk form's pieces, once, for the maps and the run
                 state = dict(carried_in)
@@ -396,13 +342,13 @@ class _Affine(torch.autograd.Function):
         bounds = Boundaries(call, chain, False, rows0)
         rows_in = None
         if first:  # its initial memory is s0: it runs its slice now and hands on its final memory
-            rows_in = _leaf(rows0)
+            rows_in = leaf(rows0)
             y, out = run(rows_in)
             bounds.put(0, _rows(out, keys))
         for i in mine:  # its pieces, in order: the memory at the piece's start carried through it
             bounds.put(i + 1, _apply(maps[i], bounds.get(i)))
         if not first:
-            rows_in = _leaf(bounds.get(chain.start[r]))
+            rows_in = leaf(bounds.get(chain.start[r]))
             y, out = run(rows_in)
         bounds.done()
         with torch.enable_grad():
@@ -431,7 +377,7 @@ class _Affine(torch.autograd.Function):
         x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
 
         def backward_of_slice(into_out):
-            return _grads([y, rows_out], [rows_in, *carried_leaves, *x_leaves], [gy, into_out],
+            return grads([y, rows_out], [rows_in, *carried_leaves, *x_leaves], [gy, into_out],
                           retain=bool(window))
 
         every_gS = _gather(g_S, call)  # the caller's gradients of the ranks' final memories
@@ -472,10 +418,10 @@ class _Affine(torch.autograd.Function):
             for i, w in enumerate(window):
                 g = gS.get(w)
                 if nxt is not None:
-                    g = _add(g, nxt[i].reshape(window_out[w].shape))
+                    g = add_grads(g, nxt[i].reshape(window_out[w].shape))
                 g_wout.append(g)
-            more = _grads([window_out[w] for w in window], x_leaves, g_wout, retain=False)
-            g_x = [_add(a, b) for a, b in zip(g_x, more)]
+            more = grads([window_out[w] for w in window], x_leaves, g_wout, retain=False)
+            g_x = [add_grads(a, b) for a, b in zip(g_x, more)]
         # the initial state's gradient: rank 0's (the other ranks' s0 is not used)
         g_s0 = []
         g_rows_keys = _unrows(g_rows, keys) if g_rows is not None else {}
@@ -490,7 +436,7 @@ class _Affine(torch.autograd.Function):
         return (None, *g_s0, *g_x)
 
 
-def _piece_map(call: _Call, q, k, v, gates, carried, like: torch.Tensor):
+def _piece_map(call: Call, q, k, v, gates, carried, like: torch.Tensor):
     """A piece's map: the chunks' maps of its chunk form (`state_map.slice_map`, not composed)
     or, without one, ``(P, C)`` probed with the rule (`_probe`; the piece is its rank's slice)."""
     if analytic_form(call.rule) is None:
@@ -511,19 +457,19 @@ def _apply(piece, rows: torch.Tensor) -> torch.Tensor:
     return torch.baddbmm(C.flatten(0, 1), rows.flatten(0, 1), P.transpose(-1, -2).flatten(0, 1)).view(rows.shape)
 
 
-def _back(call: _Call, piece, gy_piece, after: torch.Tensor, y, rows_in, gy) -> torch.Tensor:
+def _back(call: Call, piece, gy_piece, after: torch.Tensor, y, rows_in, gy) -> torch.Tensor:
     """The gradient at a piece's initial memory: its outputs' (``gy_piece``) and ``after``'s,
     the gradient at its final memory (rows layout)."""
     if isinstance(piece, SliceMap):
         dtype = piece.runs[0].b.dtype
         return piece.read_grad(positions(call.rule, gy_piece).to(dtype), after.to(dtype)).to(after.dtype)
     P, _ = piece  # a probed piece is its rank's whole slice: its reads' gradient from its graph
-    (g,) = _grads([y], [rows_in], [gy], retain=True)
+    (g,) = grads([y], [rows_in], [gy], retain=True)
     g = torch.zeros_like(after) if g is None else g
     return torch.baddbmm(g.flatten(0, 1), after.flatten(0, 1), P.flatten(0, 1)).view(after.shape)
 
 
-def _piece_grads(call: _Call, plan, gy: torch.Tensor) -> dict:
+def _piece_grads(call: Call, plan, gy: torch.Tensor) -> dict:
     """The output gradients of this rank's pieces, ``{index in plan: [B, n, H, Dv]}``: its own
     slice's cut out, the others' received from their ranks (which send them here)."""
     r, out, sends, recvs = call.rank, {}, [], []
@@ -565,7 +511,7 @@ def context_parallel(rule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     state_keys = sorted(state)
     gate_names = sorted(gates)
     params = [p for p in rule.parameters() if p.requires_grad]
-    call = _Call(rule, strategy, group, rank, world, dist.get_process_group_ranks(group),
+    call = Call(rule, strategy, group, rank, world, dist.get_process_group_ranks(group),
                  state_keys, gate_names, len(params))
     tensors = [state[key] for key in state_keys] + [q, k, v] + [gates[g] for g in gate_names] + params
     if chosen == "affine":

@@ -8,15 +8,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .context import _add, _Call, _grads, _leaf
+from .call import Call, add_grads, grads, leaf
 
 
-def _send_state(tensors: list[torch.Tensor], call: _Call, to: int) -> None:
+def _send_state(tensors: list[torch.Tensor], call: Call, to: int) -> None:
     for t in tensors:
         dist.send(t.contiguous(), call.ranks[to], group=call.group)
 
 
-def _recv_state(like: list[torch.Tensor], call: _Call, frm: int) -> list[torch.Tensor]:
+def _recv_state(like: list[torch.Tensor], call: Call, frm: int) -> list[torch.Tensor]:
     out = []
     for t in like:
         buf = torch.empty_like(t)
@@ -27,16 +27,16 @@ def _recv_state(like: list[torch.Tensor], call: _Call, frm: int) -> list[torch.T
 
 class Relay(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, call: _Call, *tensors):
+    def forward(ctx, call: Call, *tensors):
         s0, q, k, v, gates, params = call.unpack(tensors)
         keys = call.state_keys
         init = [s0[key].detach() for key in keys]
         if call.rank > 0:
             init = _recv_state(init, call, call.rank - 1)
         with torch.enable_grad():
-            s_in = [_leaf(x) for x in init]
-            xs = [_leaf(x) for x in (q, k, v)]
-            gs = {g: _leaf(x) for g, x in gates.items()}
+            s_in = [leaf(x) for x in init]
+            xs = [leaf(x) for x in (q, k, v)]
+            gs = {g: leaf(x) for g, x in gates.items()}
             y, out = call.run(*xs, gs, dict(zip(keys, s_in)))
         outs = [out[key] for key in keys]
         if call.rank + 1 < call.world:
@@ -52,9 +52,9 @@ class Relay(torch.autograd.Function):
         g_out = list(gstate)
         if call.rank + 1 < call.world:  # the gradient of the next slice's initial state
             later = _recv_state([o.detach() for o in outs], call, call.rank + 1)
-            g_out = [_add(g, x) for g, x in zip(g_out, later)]
+            g_out = [add_grads(g, x) for g, x in zip(g_out, later)]
         x_leaves = [*xs, *[gs[g] for g in call.gate_names], *params]
-        got = _grads([y, *outs], [*s_in, *x_leaves], [gy, *g_out], retain=False)
+        got = grads([y, *outs], [*s_in, *x_leaves], [gy, *g_out], retain=False)
         g_in, g_x = got[:len(s_in)], got[len(s_in):]
         if call.rank > 0:
             _send_state([g if g is not None else torch.zeros_like(s) for g, s in zip(g_in, s_in)],

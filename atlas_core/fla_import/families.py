@@ -52,7 +52,7 @@ def _common_layer(cfg: dict, d_key: int, d_value: int, conv: bool) -> dict[str, 
             "theta_scale": 1.0}
 
 
-def _qkv_conv(a: dict, n_steps: int = 1) -> dict[str, torch.Tensor]:
+def _qkv_conv(a: dict) -> dict[str, torch.Tensor]:
     out = {"q_proj.weight": a["q_proj.weight"], "k_proj.weight": a["k_proj.weight"],
            "v_proj.weight": a["v_proj.weight"], "o_proj.weight": a["o_proj.weight"]}
     for x in "qkv":

@@ -16,9 +16,12 @@ import torch
 from .gates import THETA, Gate
 
 
-def _bc(gate: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def broadcast_gate(gate: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Broadcast a [B, H] (or [B, H, C]) gate against a weight tensor."""
     return gate.reshape(gate.shape + (1,) * (like.dim() - gate.dim()))
+
+
+_bc = broadcast_gate  # the earlier name, until every module reads broadcast_gate
 
 
 class Algorithm:

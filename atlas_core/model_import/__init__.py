@@ -31,7 +31,6 @@ naming each (``config.<key>``), its value and what is accepted. No code from ``S
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any, Iterable
@@ -54,7 +53,7 @@ def known_types() -> list[str]:
 
 def mapping_for(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], name: str, source: str) -> Imported:
     """The `Imported` of a config and its tensors (one `SpecError` for what cannot be mapped)."""
-    from ..fla_import import fla_mapping
+    from ..fla_import.mapping import fla_mapping
     from ..fla_import.families import FAMILIES, UNSUPPORTED
 
     kind = cfg.get("model_type")

@@ -23,7 +23,7 @@ from .results import RULE_BEARING, Failure, Skip, register
 from .subject import SEQUENTIAL, Variant
 
 
-def _dtype():
+def config_dtype():
     return getattr(torch, CONFIG.dtype)
 
 
@@ -31,17 +31,17 @@ def _nums(subject, variant, dtype=None, B=None, T=None, **extra):
     return {
         "strategy": variant.title,
         "reference": variant.reference_title,
-        "dtype": str(dtype or _dtype()).replace("torch.", ""),
+        "dtype": str(dtype or config_dtype()).replace("torch.", ""),
         "sizes": subject.sizes_text(B, T),
         **extra,
     }
 
 
-def _tol(variant: Variant) -> float:
+def variant_tolerance(variant: Variant) -> float:
     return CONFIG.tolerance("exact" if (variant.chunk or 1) == 1 else "chunked")
 
 
-def _not_reference(subject) -> bool:
+def not_reference(subject) -> bool:
     return not (subject.kind == "strategy" and subject.name == "core:sequential")
 
 
@@ -67,18 +67,18 @@ def _compared_variants(subject, rule) -> list[Variant]:
     "when the strategy accepts it there, else on the same rule rebuilt with anchor = 6; outputs "
     "and final state, from an empty and from a non-zero state.",
     RULE_BEARING,
-    applies=_not_reference,
+    applies=not_reference,
 )
 def check_strategies_match_sequential(subject) -> None:
     subject.require_buildable()
-    rule = subject.build_rule(dtype=_dtype())
+    rule = subject.build_rule(dtype=config_dtype())
     for variant in _compared_variants(subject, rule):
         warm = subject.warm_state(rule, variant)
         flat = subject.inputs(rule)
         for start, state in (("empty", None), ("non-zero", warm)):
             got = subject.run(rule, flat, variant, state=state)
             want = subject.run(rule, flat, variant, state=state, reference=True)
-            I.compare(got, want, _tol(variant),
+            I.compare(got, want, variant_tolerance(variant),
                       f"{variant.title} differs from {variant.reference_title} ({start} initial state)",
                       **_nums(subject, variant))
 
@@ -88,7 +88,7 @@ def _join(parts: list[dict]) -> dict:
     return {"y": torch.cat([p["y"] for p in parts], dim=1), **{k: x for k, x in parts[-1].items() if k != "y"}}
 
 
-def _run_split(subject, rule, flat, variant, state, cuts) -> dict:
+def run_split(subject, rule, flat, variant, state, cuts) -> dict:
     """``flat`` run as consecutive calls cut at ``cuts``, each given the state the last returned."""
     bounds = [0, *cuts, None]
     parts, st = [], state
@@ -107,13 +107,13 @@ def _run_split(subject, rule, flat, variant, state, cuts) -> dict:
 )
 def check_state_carry(subject) -> None:
     subject.require_buildable()
-    rule = subject.build_rule(dtype=_dtype())
+    rule = subject.build_rule(dtype=config_dtype())
     for variant in subject.run_variants(rule):
         warm = subject.warm_state(rule, variant)
         flat = subject.inputs(rule)
         cut = variant.chunk if variant.chunk and variant.chunk > 1 else 3
         whole = subject.run(rule, flat, variant, state=warm)
-        joined = _run_split(subject, rule, flat, variant, warm, (cut,))
+        joined = run_split(subject, rule, flat, variant, warm, (cut,))
         I.compare(joined, whole, CONFIG.tolerance("exact"),
                   f"{variant.title}: two calls split at token {cut} differ from one call",
                   **_nums(subject, variant, split=cut, reference="one call under the same strategy"))
@@ -139,7 +139,7 @@ def _splits(T: int) -> list[tuple[int, ...]]:
 )
 def check_split_calls(subject) -> None:
     subject.require_buildable()
-    rule = subject.build_rule(dtype=_dtype())
+    rule = subject.build_rule(dtype=config_dtype())
     if subject.kind == "strategy":
         variants = [SEQUENTIAL] if subject.name == "core:sequential" else _compared_variants(subject, rule)
     else:
@@ -153,16 +153,16 @@ def check_split_calls(subject) -> None:
         for start, state in (("empty", None), ("non-zero", warm)):
             whole = subject.run(rule, flat, variant, state=state)
             for cuts in _splits(T):
-                joined = _run_split(subject, rule, flat, variant, state, cuts)
+                joined = run_split(subject, rule, flat, variant, state, cuts)
                 where = " and ".join(str(c) for c in cuts)
                 tokens = "tokens" if len(cuts) > 1 else "token"
-                I.compare(joined, whole, _tol(variant),
+                I.compare(joined, whole, variant_tolerance(variant),
                           f"{variant.title}: {len(cuts) + 1} calls cut at {tokens} {where} differ from one "
                           f"call ({start} initial state)",
                           **_nums(subject, variant, split=where, reference="one call under the same strategy"))
 
 
-def _loss_and_grads(subject, rule, flat, variant, state, *, reference=False):
+def loss_and_grads(subject, rule, flat, variant, state, *, reference=False):
     """Gradients of a fixed random projection of (y, final state) w.r.t. every input and state
     tensor that takes part in gradients (`inputs.differentiable`: not an anchor position)."""
     out, named = forward_leaves(subject, rule, flat, variant, state, reference=reference)
@@ -203,10 +203,10 @@ def grads_of(out, named, title: str) -> dict:
 )
 def check_gradients_finite(subject) -> None:
     subject.require_buildable()
-    rule = subject.build_rule(dtype=_dtype())
+    rule = subject.build_rule(dtype=config_dtype())
     for variant in subject.run_variants(rule):
         warm = subject.warm_state(rule, variant)
-        _, grads = _loss_and_grads(subject, rule, subject.inputs(rule), variant, warm)
+        _, grads = loss_and_grads(subject, rule, subject.inputs(rule), variant, warm)
         for name, g in grads.items():
             if g is None:
                 raise Failure(f"no gradient reaches {name}", **_nums(subject, variant))
@@ -221,16 +221,16 @@ def check_gradients_finite(subject) -> None:
     "rule (the variants of check_strategies_match_sequential) for every input and initial-state "
     "tensor.",
     RULE_BEARING,
-    applies=_not_reference,
+    applies=not_reference,
 )
 def check_gradients_match_reference(subject) -> None:
     subject.require_buildable()
-    rule = subject.build_rule(dtype=_dtype())
+    rule = subject.build_rule(dtype=config_dtype())
     for variant in _compared_variants(subject, rule):
         warm = subject.warm_state(rule, variant)
         flat = subject.inputs(rule)
-        _, got = _loss_and_grads(subject, rule, flat, variant, warm)
-        _, want = _loss_and_grads(subject, rule, flat, variant, warm, reference=True)
+        _, got = loss_and_grads(subject, rule, flat, variant, warm)
+        _, want = loss_and_grads(subject, rule, flat, variant, warm, reference=True)
         compare_grads(got, want, f"gradients through {variant.title} differ from those through "
                       f"{variant.reference_title}", _nums(subject, variant))
 
@@ -347,7 +347,7 @@ def _reductions(subject) -> list[dict]:
 )
 def check_reductions(subject) -> None:
     subject.require_buildable()
-    dtype = _dtype()
+    dtype = config_dtype()
     for red in _reductions(subject):
         unknown = sorted(set(red) - REDUCTION_KEYS)
         if unknown or "name" not in red or "equals" not in red:
@@ -426,8 +426,8 @@ def check_backend_matches_reference(subject) -> None:
     I.compare(got, want, tol["chunked"], f"backend {comp.name} differs from the PyTorch code",
               strategy=kernel.label, dtype="float32", sizes=subject.sizes_text())
     warm = subject.warm_state(rule, dtype=torch.float32)
-    _, g1 = call(kernel, comp.name, lambda v: _loss_and_grads(subject, rule, flat, v, warm))
-    _, g2 = call(torch_ref, "torch", lambda v: _loss_and_grads(subject, rule, flat, v, warm))
+    _, g1 = call(kernel, comp.name, lambda v: loss_and_grads(subject, rule, flat, v, warm))
+    _, g2 = call(torch_ref, "torch", lambda v: loss_and_grads(subject, rule, flat, v, warm))
     keys = [k for k in g2 if g2[k] is not None and g1[k] is not None]
     I.compare({k: g1[k] for k in keys}, {k: g2[k] for k in keys}, tol["grad"],
               f"gradients through backend {comp.name} differ from the PyTorch code",

@@ -40,7 +40,7 @@ from . import inputs as I
 from .cases import DEFAULT_COMPOSITION
 from .config import CONFIG
 from .results import RULE_BEARING, Failure, Skip, register
-from .checks_equivalence import _dtype, _loss_and_grads, _not_reference, _run_split, _tol, compare_grads
+from .checks_equivalence import config_dtype, loss_and_grads, not_reference, run_split, variant_tolerance, compare_grads
 from .checks_equivalence import forward_leaves, grads_of
 from .subject import CHUNK
 
@@ -52,11 +52,11 @@ def long_T(D: int) -> int:
 
 def _compared(subject, rule, flat, variant, state, want, where: str, nums: dict):
     """Run ``variant``, compare its outputs with ``want`` (``core:sequential``'s, with their
-    gradients: `_loss_and_grads`) first, then its gradients: (its outputs, detached).
+    gradients: `loss_and_grads`) first, then its gradients: (its outputs, detached).
     ``where``: the run, for messages (``" over 160 tokens: ..."``)."""
     ref, g_want = want
     got, named = forward_leaves(subject, rule, flat, variant, state)
-    I.compare(got, ref, _tol(variant), f"{variant.title} differs from {variant.reference_title}{where}", **nums)
+    I.compare(got, ref, variant_tolerance(variant), f"{variant.title} differs from {variant.reference_title}{where}", **nums)
     compare_grads(grads_of(got, named, variant.title), g_want, f"{variant.title}{where}: gradients differ", nums)
     return {k: x.detach() for k, x in got.items()}
 
@@ -98,11 +98,11 @@ def _default_variants(subject, rule) -> list:
     "non-zero state: outputs, final state and gradients equal core:sequential's on the same "
     "rule, and the sequence cut into two calls off a chunk boundary equals one call.",
     RULE_BEARING,
-    applies=_not_reference,
+    applies=not_reference,
 )
 def check_default_chunk_size(subject) -> None:
     subject.require_buildable()
-    rule = subject.build_rule(dtype=_dtype())
+    rule = subject.build_rule(dtype=config_dtype())
     for variant in _default_variants(subject, rule):
         D = variant.chunk
         T = long_T(D)
@@ -112,7 +112,7 @@ def check_default_chunk_size(subject) -> None:
         # the memory layer's initial gates: T tokens at the kit's random ones (theta up to 0.5)
         # can diverge under the reference itself (a deep memory's inner steps)
         flat = subject.inputs(rule, B=1, T=T, seed=29, mode="default")
-        want = _loss_and_grads(subject, rule, flat, variant, warm, reference=True)
+        want = loss_and_grads(subject, rule, flat, variant, warm, reference=True)
         chunks = f"{T} tokens: chunks of {D}, the last of {T - 2 * D}"
         bad = [k for k, x in want[0].items() if not bool(torch.isfinite(x).all())]
         if bad:
@@ -121,8 +121,8 @@ def check_default_chunk_size(subject) -> None:
         got = _compared(subject, rule, flat, variant, warm, want, f" over {chunks}", nums)
         cut = D + (D + 1) // 2  # inside the second chunk
         with torch.no_grad():
-            joined = _run_split(subject, rule, flat, variant, warm, (cut,))
-        I.compare(joined, got, _tol(variant),
+            joined = run_split(subject, rule, flat, variant, warm, (cut,))
+        I.compare(joined, got, variant_tolerance(variant),
                   f"{variant.title}: two calls cut at token {cut} (inside a chunk) differ from one call "
                   f"over {chunks}", **{**nums, "reference": "one call under the same strategy"})
 
@@ -198,7 +198,7 @@ def _sweep(subject) -> tuple[list[str], Failure | None]:
     asks = _asks(subject)
     for label, spec, comp in available_rules(subject.registry):
         try:
-            rule = subject.build_rule(spec=spec, dtype=_dtype())
+            rule = subject.build_rule(spec=spec, dtype=config_dtype())
         except Exception as exc:  # noqa: BLE001 - a rule that does not build here is left out, named
             left.append(f"{label}: does not build ({type(exc).__name__})")
             continue
@@ -232,7 +232,7 @@ def _sweep(subject) -> tuple[list[str], Failure | None]:
             continue
         warm = subject.warm_state(rule, variant, B=SWEEP_SIZES["B"])
         try:
-            want = _loss_and_grads(subject, rule, flat, variant, warm, reference=True)
+            want = loss_and_grads(subject, rule, flat, variant, warm, reference=True)
             _compared(subject, rule, flat, variant, warm, want, f" on {label}{_provider(comp)}", nums)
         except Failure as exc:
             return [], exc
@@ -254,7 +254,7 @@ def _sweep(subject) -> tuple[list[str], Failure | None]:
     "refuses every rule that has no exact chunked form (a composed rule whose form lists no chunk "
     "form, a standalone rule of another plugin).",
     {"strategy"},
-    applies=_not_reference,
+    applies=not_reference,
 )
 def check_strategy_on_every_rule(subject) -> None:
     subject.require_buildable()

@@ -29,7 +29,6 @@ from .config import CONFIG
 from .results import RULE_BEARING, Failure, Skip
 
 KNOBS = ("structure", "bias", "retention", "algorithm", "feature_map")
-KIND_PREFERENCE = ("rule", "strategy", *KNOBS, "backend", "arch", "task")
 CHUNK = 3  # the chunk size of the chunked variants (T = 7 leaves a ragged last chunk)
 #: the chunk size a strategy without a ``chunk_size`` param is run at by check_default_chunk_size
 #: (it may chunk inside: a hidden chunk of up to 64 tokens is then exercised)

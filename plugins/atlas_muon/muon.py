@@ -37,7 +37,7 @@ from typing import Sequence
 
 import torch
 
-from atlas_core.knobs.algorithm import Algorithm, _bc
+from atlas_core.knobs.algorithm import Algorithm, broadcast_gate
 from atlas_core.knobs.gates import ETA, THETA
 from atlas_core.forms.decay import decay_matrix
 
@@ -102,9 +102,10 @@ class Muon(Algorithm):
         for k, gk in g.items():
             self._check_matrix(k, gk, 2)
             z0 = opt[f"Z.{k}"]
-            Z[k] = _bc(eta, z0) * z0 + gk  # [B, H, r, c]
+            Z[k] = broadcast_gate(eta, z0) * z0 + gk  # [B, H, r, c]
         pre = retention.pre(W)
-        raw = {k: _bc(alpha, pre[k]) * pre[k] - _bc(theta, Z[k]) * self.ns(Z[k]) for k in W}
+        raw = {k: broadcast_gate(alpha, pre[k]) * pre[k] - broadcast_gate(theta, Z[k]) * self.ns(Z[k])
+               for k in W}
         return retention.post(raw), {f"Z.{k}": z for k, z in Z.items()}
 
     # -- a chunk of anchored gradients (core:chunkwise, atlas_muon:atlas_parallel) ---------------
@@ -114,7 +115,7 @@ class Muon(Algorithm):
         ``Z0: [B, H, *s]``, ``G: [B, H, C, *s]``, ``eta: [B, H, C]`` -> ``Z: [B, H, C, *s]``."""
         E = decay_matrix(eta)  # [B, H, C, C]
         P = torch.cumprod(eta, dim=-1)  # [B, H, C]
-        return _bc(P, G) * Z0.unsqueeze(2) + torch.einsum("bhti,bhi...->bht...", E, G)
+        return broadcast_gate(P, G) * Z0.unsqueeze(2) + torch.einsum("bhti,bhi...->bht...", E, G)
 
     def chunk(self, W0, opt0, G, *, decay, decay_from_start, gates):
         eta, theta, A = gates["eta"], gates["theta"], decay_from_start  # [B, H, C]
@@ -123,8 +124,8 @@ class Muon(Algorithm):
             self._check_matrix(k, G[k], 3)
             Z = self.momenta(opt0[f"Z.{k}"], G[k], eta)  # [B, H, C, r, c]
             N = self.ns(Z)  # every Z_t of the chunk in one batched call
-            upd = torch.einsum("bhtj,bhj...->bht...", decay, _bc(theta, N) * N)  # [B, H, C, r, c]
-            out[k] = _bc(A, upd) * w0.unsqueeze(2) - upd
+            upd = torch.einsum("bhtj,bhj...->bht...", decay, broadcast_gate(theta, N) * N)  # [B, H, C, r, c]
+            out[k] = broadcast_gate(A, upd) * w0.unsqueeze(2) - upd
             opt[f"Z.{k}"] = Z[:, :, -1]
         return out, opt
 
@@ -151,7 +152,7 @@ class Muon(Algorithm):
             delta, z = fac[k]
             self._check_matrix(k, w0, 2)
             D = (K.unsqueeze(-1) * delta.unsqueeze(2)).transpose(-1, -2)  # [B, H, C, out, m]
-            Z = torch.addcmul(D @ z.unsqueeze(2), _bc(P, D), opt0[f"Z.{k}"].unsqueeze(2))
+            Z = torch.addcmul(D @ z.unsqueeze(2), broadcast_gate(P, D), opt0[f"Z.{k}"].unsqueeze(2))
             N = self.ns(Z)  # [B, H, C, out, in]
             NW = torch.cat([N, w0.unsqueeze(2)], dim=2).flatten(3)  # [B, H, C + 1, |W|]
             out[k] = (coef @ NW).unflatten(-1, w0.shape[-2:])

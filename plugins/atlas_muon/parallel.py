@@ -10,9 +10,11 @@ Per chunk of C tokens (docs/math.md, "Parallel forms"):
 4. the retention recurrence ``M_t = alpha_t M_{t-1} - theta_t N_t`` is a second scan;
 5. the reads ``y_t = M_t(phi(q_t))`` (or ``M_{t-1}`` with ``read = "before"``) are per token.
 
-Chunk size 1 equals ``core:sequential`` exactly; chunk size C equals the rule's reference loop
-with ``anchor_every = C``. The memory, the momenta and the Omega window buffer are carried across
-chunks and calls (the chunk grid restarts at each call, as for ``core:chunkwise``).
+Accepted chunk sizes are ``core:chunkwise``'s: C divides the rule's anchor (C = 1 always). The
+result equals ``core:sequential`` on the same rule for every accepted C and any split of a
+sequence into calls: the memory, the momenta and the Omega window buffer are carried across chunks
+and calls, and the chunk grid is aligned to absolute positions (a call that starts inside a chunk
+first runs up to the next chunk boundary, as for ``core:chunkwise``).
 
 Memory (docs/math.md, "Training memory of the chunked strategies"). The forward transient is
 O(C |W|) per chunk, never O(T |W|). What autograd would keep for the backward pass is the larger

@@ -15,7 +15,8 @@ persistent-memory prefix and a sliding window.
 - Packed documents (``cu_seqlens``, `atlas_core.varlen`): `SlidingWindowAttention.packed` lets a
   token see its own document's prefix and the last ``window`` tokens of its own document, at the
   positions a call on that document alone gives them (queries in blocks, each over the keys of
-  its band only); `with_prefix` puts a prefix before every document of a packed row.
+  its band only); `with_prefix` puts a prefix before every document of a packed row, and
+  `prefixed_memory` runs a memory layer over that row (MAG's and MAL's packed forward).
 
 Shapes: inputs ``x: [B, n, d_model]`` (the new tokens), ``prefix: [N_p, d_model]`` or
 ``[B, N_p, d_model]``; outputs ``[B, n, d_model]``.
@@ -25,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from atlas_core.attention import SoftmaxAttention, band_mask, rope  # noqa: F401 - band_mask: MAC's
+from atlas_core.attention import SoftmaxAttention, rope
 from atlas_core.lm import AttentionBlock
 
-from .common import make_mlp
+from .common import make_mlp, run_memory
 
 
 def rotary(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
@@ -64,6 +65,20 @@ def with_prefix(h: torch.Tensor, prefix: torch.Tensor, cu: list[int]):
     ext = torch.cat([prefix.to(h.dtype), h[0]], dim=0).index_select(0, order).unsqueeze(0)
     cu_ext = torch.tensor([c + i * Np for i, c in enumerate(cu)], dtype=torch.long, device=dev)
     return ext, cu_ext, tokens, prefixes
+
+
+def prefixed_memory(memory, h: torch.Tensor, prefix: torch.Tensor, cu_seqlens, norm=None):
+    """The memory layer over every document of the packed row ``h: [1, T, d]`` with ``prefix``
+    before it, each from the start of a sequence (MAG's and MAL's packed forward): returns
+    ``(ext, m, cu, tokens, prefixes)``: ``ext`` the prefixed row and ``tokens``, ``prefixes`` its
+    rows (`with_prefix`), ``m`` the memory's outputs over ``norm(ext)`` (``ext`` without ``norm``),
+    ``cu`` the checked document bounds."""
+    from atlas_core.varlen import check_cu_seqlens
+
+    cu = check_cu_seqlens(cu_seqlens, h.shape[1], h.shape[0])
+    ext, cu_ext, tokens, prefixes = with_prefix(h, prefix, cu)
+    m, _ = run_memory(memory, ext if norm is None else norm(ext), None, keep_state=False, cu_seqlens=cu_ext)
+    return ext, m, cu, tokens, prefixes
 
 
 def attention_block(p) -> AttentionBlock:

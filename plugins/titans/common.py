@@ -3,32 +3,31 @@
 - `HybridParams`: the ``[model]`` params of MAG and MAL (`LMParams` plus attention);
 - `BranchGate`: the paper's ``(x)`` gate (normalise both branches with learned vector weights,
   then a sigmoid);
+- `WindowAttentionParams`: `LMParams` plus the sliding-window attention's (MAG, MAL and MAC's
+  base), and `persistent_at_most`, the check that the persistent tokens fit the attention span;
 - re-exported from `atlas_core.lm` (the core's generic language model, ``core:lm``): `LMParams`,
-  `FeedForward`, `build_blocks`, `build_memory_layer`, `run_memory`, `spec_of` and `TitansLM`
-  (= `LanguageModel`).
+  `build_blocks`, `make_mlp`, `run_memory` and `TitansLM` (= `LanguageModel`).
 
 Shapes: ``ids: [B, T]``, hidden ``x: [B, T, d_model]``, ``logits: [B, T, vocab_size]``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from pydantic import Field, field_validator, ValidationInfo
 from atlas_core.params import size_field
 from torch import nn
 
-from atlas_core.host.registry import Params
 from atlas_core.lm import (  # noqa: F401 - the generic pieces, shared with core:lm
-    FeedForward, LanguageModel, LMParams, build_blocks, build_memory_layer, make_mlp, run_memory,
-    spec_of,
+    LanguageModel, LMParams, build_blocks, make_mlp, run_memory,
 )
 
 TitansLM = LanguageModel  # the Titans architectures are language models of the core's kind
 
 
-class _AttentionParams(LMParams):
+class WindowAttentionParams(LMParams):
+    """`LMParams` plus the sliding-window attention of the hybrid architectures."""
+
     window: int = size_field(64, "seq_len", ge=1, description="sliding-window attention: keys per query")
     attn_heads: int | None = size_field(None, "heads", ge=1, validate_default=True, description="attention heads (default: heads)"
     )
@@ -46,7 +45,8 @@ class _AttentionParams(LMParams):
         return v
 
 
-def _persistent_at_most(v: int, info: ValidationInfo, limit_name: str) -> int:
+def persistent_at_most(v: int, info: ValidationInfo, limit_name: str) -> int:
+    """``persistent_tokens = v`` when it is at most the ``limit_name`` field validated before it."""
     limit = info.data.get(limit_name)
     if limit is not None and v > limit:
         raise ValueError(
@@ -56,7 +56,7 @@ def _persistent_at_most(v: int, info: ValidationInfo, limit_name: str) -> int:
     return v
 
 
-class HybridParams(_AttentionParams):
+class HybridParams(WindowAttentionParams):
     """Params of titans:mag and titans:mal."""
 
     persistent_tokens: int = size_field(4, "seq_len", ge=0, description="learned input-independent tokens prefixed to every attention"
@@ -65,7 +65,7 @@ class HybridParams(_AttentionParams):
     @field_validator("persistent_tokens")
     @classmethod
     def _check_persistent(cls, v: int, info: ValidationInfo) -> int:
-        return _persistent_at_most(v, info, "window")
+        return persistent_at_most(v, info, "window")
 
 
 class BranchGate(nn.Module):

@@ -7,13 +7,10 @@ the Titans name as well: blocks of ``x + MemoryLayer(RMSNorm(x))`` then ``x + ML
 
 from __future__ import annotations
 
-from atlas_core.lm import LanguageModel, LMParams, MemoryBlock
-from atlas_core.lm import build as _build_lm
-
-LMM = LanguageModel
-LMMBlock = MemoryBlock
+from atlas_core.lm import LanguageModel, LMParams
+from atlas_core.lm import build as build_lm
 
 
 def build(params: LMParams, ctx) -> LanguageModel:
     ctx.options.setdefault("arch", "titans:lmm")
-    return _build_lm(params, ctx)
+    return build_lm(params, ctx)

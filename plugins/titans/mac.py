@@ -32,15 +32,16 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import ValidationInfo, field_validator
+from atlas_core.attention import band_mask
 from atlas_core.params import size_field
 from torch import nn
 
-from .attention import SlidingWindowAttention, attention_block, band_mask
-from .common import (BranchGate, TitansLM, _AttentionParams, _persistent_at_most, build_blocks,
-                     make_mlp)
+from .attention import SlidingWindowAttention, attention_block
+from .common import (BranchGate, TitansLM, WindowAttentionParams, build_blocks, make_mlp,
+                     persistent_at_most)
 
 
-class MACParams(_AttentionParams):
+class MACParams(WindowAttentionParams):
     segment_size: int = size_field(64, "seq_len", ge=1, description="tokens per segment (C)")
     persistent_tokens: int = size_field(4, "seq_len", ge=0, description="learned input-independent tokens prefixed to every attention"
     )
@@ -48,7 +49,7 @@ class MACParams(_AttentionParams):
     @field_validator("persistent_tokens")
     @classmethod
     def _check_persistent(cls, v: int, info: ValidationInfo) -> int:
-        return _persistent_at_most(v, info, "segment_size")
+        return persistent_at_most(v, info, "segment_size")
 
 
 class SegmentAttention(SlidingWindowAttention):

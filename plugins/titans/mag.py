@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import SlidingWindowAttention, attention_block, with_prefix
+from .attention import SlidingWindowAttention, attention_block, prefixed_memory
 from .common import BranchGate, HybridParams, TitansLM, build_blocks, make_mlp, run_memory
 
 
@@ -54,17 +54,11 @@ class MAGBlock(nn.Module):
         x = x + self.mlp(self.norm_mlp(x))
         return x, ({"attn": attn_st, "memory": mem_st} if keep_state else None)
 
-
     def _packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """Packed documents (``x: [1, T, d]``), each as `forward` from the start of a sequence."""
-        from atlas_core.varlen import check_cu_seqlens
-
-        cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
         h = self.norm_in(x)
-        y = self.attn.packed(h, cu, self.persistent)
-        ext, cu_ext, tokens, _ = with_prefix(h, self.persistent, cu)  # the memory reads p first
-        m, _ = run_memory(self.memory, ext, None, keep_state=False, cu_seqlens=cu_ext)
-        x = x + self.gate(y, m[:, tokens])
+        _, m, cu, tokens, _ = prefixed_memory(self.memory, h, self.persistent, cu_seqlens)  # p first
+        x = x + self.gate(self.attn.packed(h, cu, self.persistent), m[:, tokens])
         return x + self.mlp(self.norm_mlp(x))
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import SlidingWindowAttention, attention_block, with_prefix
+from .attention import SlidingWindowAttention, attention_block, prefixed_memory
 from .common import HybridParams, TitansLM, build_blocks, make_mlp, run_memory
 
 
@@ -53,15 +53,10 @@ class MALBlock(nn.Module):
         x = x + self.mlp(self.norm_mlp(x))
         return x, ({"attn": attn_st, "memory": mem_st} if keep_state else None)
 
-
     def _packed(self, x: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         """Packed documents (``x: [1, T, d]``), each as `forward` from the start of a sequence:
         every document gets its own ``p`` before it, and its attention its own prefix."""
-        from atlas_core.varlen import check_cu_seqlens
-
-        cu = check_cu_seqlens(cu_seqlens, x.shape[1], x.shape[0])
-        z, cu_ext, tokens, prefixes = with_prefix(x, self.persistent, cu)
-        u, _ = run_memory(self.memory, self.norm_mem(z), None, keep_state=False, cu_seqlens=cu_ext)
+        z, u, cu, tokens, prefixes = prefixed_memory(self.memory, x, self.persistent, cu_seqlens, self.norm_mem)
         z = z + u
         prefix = self.norm_attn(z[0, prefixes])  # [N, N_p, d]: each document's own
         z = z[:, tokens]

@@ -1,7 +1,7 @@
 """The import graph of the installed packages' sources, read from the files (no module is
 imported): every ``import`` and ``from ... import`` statement, at module level or inside a
 function, as an edge to the module it loads (a submodule imported by name, else the module whose
-attribute is taken)."""
+attribute is taken); and the private names one module takes from another (`private_imports`)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,51 @@ def edges(module_level_only: bool = False) -> dict[str, set[str]]:
                 if t and t != name:
                     graph[name].add(t)
     return graph
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports() -> list[str]:
+    """Every private name (``_x``, not a dunder) one module takes from another of the three
+    packages: ``from m import _x``, and ``m._x`` where ``m`` names a module of ours (bound by
+    ``import m as alias`` or ``from package import m``), as ``file:line: module -> m._x``."""
+    mods = modules()
+    out = []
+    for name, (f, is_pkg) in mods.items():
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        where = f.relative_to(REPO)
+        aliases: dict[str, str] = {}  # local name -> module of ours it binds
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname and a.name in mods:
+                        aliases[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                for a, t in zip(node.names, _targets(node, name, is_pkg, mods)):
+                    if t in mods and t.endswith("." + a.name):  # a submodule taken by name
+                        aliases[a.asname or a.name] = t
+                    elif _is_private(a.name) and t != name:
+                        out.append(f"{where}:{node.lineno}: {name} -> {t}.{a.name}")
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+                continue
+            dotted, v = [], node.value
+            while isinstance(v, ast.Attribute):
+                dotted.append(v.attr)
+                v = v.value
+            if not isinstance(v, ast.Name):
+                continue
+            if not dotted and v.id in aliases:
+                target = aliases[v.id]
+            else:
+                target = ".".join([v.id, *reversed(dotted)])  # a dotted module name: import a.b
+                if target not in mods:
+                    continue
+            if target != name:
+                out.append(f"{where}:{node.lineno}: {name} -> {target}.{node.attr}")
+    return sorted(set(out))
 
 
 def cycles(graph: dict[str, set[str]]) -> list[set[str]]:

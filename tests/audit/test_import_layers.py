@@ -1,13 +1,15 @@
 """The spec package sits on top of the core: the knobs, strategies, layers and models declare
 their params through `atlas_core.params` and never load `atlas_core.spec` when imported, and no
-chain of imports (inside functions included) leads from the spec package back to itself."""
+chain of imports (inside functions included) leads from any module of atlas_core, the plugins or
+the command line back to itself. No module takes another's private name (``_x``): what another
+module needs is public."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from .import_graph import cycles, edges
+from .import_graph import cycles, edges, private_imports
 
 SPEC = "atlas_core.spec"
 # the layers above the spec package, which may import it at module level: training, the command
@@ -40,6 +42,35 @@ def test_no_import_cycle_runs_through_the_training_package():
     through = [sorted(c) for c in cycles(edges())
                if any(m == train or m.startswith(train + ".") for m in c)]
     assert not through, through
+
+
+def test_no_import_cycle_anywhere():
+    """The whole graph of atlas_core, the plugins and the command line (distributed/ included),
+    counting imports inside functions: every module's imports lead only downward."""
+    found = [sorted(c) for c in cycles(edges())]
+    assert not found, found
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    """``from m import _x`` or ``m._x`` (``m`` a module of ours) in another module: the name is
+    part of m's interface, so it gets a public name."""
+    found = private_imports()
+    assert not found, "\n".join(found)
+
+
+def test_the_private_name_finder_sees_both_forms(tmp_path, monkeypatch):
+    """The finder itself, on a small tree of its own: ``from .a import _x`` and ``a._y`` after
+    ``from . import a`` are found; a dunder, a module's own private names and a public name are not."""
+    from . import import_graph
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("_x = 1\n_y = 2\nz = _x + _y\n__all__ = ['z']\n")
+    (pkg / "b.py").write_text("from .a import _x, z, __all__\nfrom . import a\nprint(a._y, a.z)\n")
+    monkeypatch.setattr(import_graph, "REPO", tmp_path)
+    monkeypatch.setattr(import_graph, "ROOTS", {"pkg": "pkg"})
+    assert import_graph.private_imports() == ["pkg/b.py:1: pkg.b -> pkg.a._x", "pkg/b.py:3: pkg.b -> pkg.a._y"]
 
 
 def test_the_graph_sees_a_cycle_where_there_is_one():

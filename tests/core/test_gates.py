@@ -12,7 +12,7 @@ import atlas_core as ac
 from atlas_core.components.gd import GD
 from atlas_core.errors import SpecError
 from atlas_core.knobs import Algorithm, Bias, Gate, Retention
-from atlas_core.knobs.algorithm import _bc
+from atlas_core.knobs.algorithm import broadcast_gate
 from atlas_core.knobs.gates import ALPHA, ETA, GAMMA, THETA
 from atlas_core.layer import LayerParams, MemoryLayer
 
@@ -59,7 +59,8 @@ class _PerKeyRate(Algorithm):
 
     def step(self, W, opt, g, *, alpha, gates, retention):
         theta, rho = gates["theta"], gates["rho"]  # [B, H], [B, H, Dk]
-        return {k: _bc(alpha, W[k]) * W[k] - _bc(theta, g[k]) * g[k] * rho.unsqueeze(-2) for k in W}, opt
+        return {k: broadcast_gate(alpha, W[k]) * W[k] - broadcast_gate(theta, g[k]) * g[k] * rho.unsqueeze(-2)
+                for k in W}, opt
 
 
 def _rule(algorithm=None, bias=None, retention=None):
@@ -75,7 +76,7 @@ class _NamedRate(Algorithm):
 
     def step(self, W, opt, g, *, alpha, gates, retention):
         mu = gates["mu"]
-        return {k: _bc(alpha, W[k]) * W[k] - _bc(mu, g[k]) * g[k] for k in W}, opt
+        return {k: broadcast_gate(alpha, W[k]) * W[k] - broadcast_gate(mu, g[k]) * g[k] for k in W}, opt
 
 
 def test_theta_scale_scales_the_step_size_gate_by_its_role():
