@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..knobs.algorithm import _bc
+from ..knobs.algorithm import broadcast_gate
 from .decay import decay_matrix, log_tiny
 from .key_decay_chunk import decayed_scores
 
@@ -106,7 +106,7 @@ def _shift_rows(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     return torch.cat([first, x[:, :, :-1]], dim=2)
 
 
-def _chunk_stack(x: torch.Tensor, C: int, N: int, value: float) -> torch.Tensor:
+def chunk_stack(x: torch.Tensor, C: int, N: int, value: float) -> torch.Tensor:
     """``x: [B, H, T]`` padded with ``value`` to N whole chunks: ``[B, H, N, C]``."""
     return F.pad(x, (0, N * C - x.shape[-1]), value=value).unflatten(-1, (N, C))
 
@@ -131,7 +131,7 @@ def chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> di
     N = -(-T // C)
     if N == 0:
         return {}
-    alpha = _chunk_stack(p.alpha, C, N, 1.0)  # [B, H, N, C]
+    alpha = chunk_stack(p.alpha, C, N, 1.0)  # [B, H, N, C]
     L = decay_matrix(alpha)
     A = torch.cumprod(alpha, dim=-1)
     kern = {"L": L, "A": A}
@@ -140,15 +140,15 @@ def chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> di
         kern["Wm"] = window_matrix(g_ext, lag, C)  # [B, H, N, C, C + c - 1]
     f = rule.form
     if gd_form:
-        theta = _chunk_stack(p.gates[f.gate("step_size")], C, N, 0.0)
+        theta = chunk_stack(p.gates[f.gate("step_size")], C, N, 0.0)
         if c == 1:  # theta diag(Wm) scales the columns: no C x C product
-            scale = (theta * _chunk_stack(xg, C, N, 0.0) * lag[0]).unsqueeze(-2)
+            scale = (theta * chunk_stack(xg, C, N, 0.0) * lag[0]).unsqueeze(-2)
         else:
             TW = theta.unsqueeze(-1) * kern["Wm"]
         if f.update == "gd":
             K = L * scale if c == 1 else L @ TW
         else:
-            eta = _chunk_stack(p.gates[f.gate("momentum")], C, N, 1.0)
+            eta = chunk_stack(p.gates[f.gate("momentum")], C, N, 1.0)
             E = decay_matrix(eta)
             KZ = E * scale if c == 1 else E @ TW  # Z_t's coefficients
             K = L @ KZ
@@ -227,7 +227,7 @@ def _anchored_grads(rule, xe, U, Wm, anchor) -> dict:
     per_tok = rule.structure.grad_per_token(anchor, xe, U)  # {k: [B, H, m, *s]}
     if rule.form.window == 1:  # Wm is diagonal (gamma_t lag[0]): a scaling, not a C x C product
         w = torch.diagonal(Wm, dim1=-2, dim2=-1)  # [B, H, n]
-        return {k: _bc(w, g) * g for k, g in per_tok.items()}
+        return {k: broadcast_gate(w, g) * g for k, g in per_tok.items()}
     return {k: torch.einsum("bhtl,bhl...->bht...", Wm, g) for k, g in per_tok.items()}
 
 

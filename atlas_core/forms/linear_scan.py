@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .anchored_chunk import _chunk_stack, window_chunks, window_matrix
+from .anchored_chunk import chunk_stack, window_chunks, window_matrix
 
 
 def kernel_rows(a, e, w, rows, m: int):
@@ -74,7 +74,7 @@ def linear_kernels(rule, p, xg, lag, C: int, c: int, T: int) -> dict:
     f = rule.form
 
     def chunked(x, value):  # [B, H, T] -> [N, B H, C]
-        return _chunk_stack(x, C, N, value).movedim(2, 0).flatten(1, 2).contiguous()
+        return chunk_stack(x, C, N, value).movedim(2, 0).flatten(1, 2).contiguous()
 
     a = chunked(p.alpha, 1.0)
     theta = chunked(p.gates[f.gate("step_size")], 0.0)

@@ -21,7 +21,6 @@ def broadcast_gate(gate: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return gate.reshape(gate.shape + (1,) * (like.dim() - gate.dim()))
 
 
-_bc = broadcast_gate  # the earlier name, until every module reads broadcast_gate
 
 
 class Algorithm:
