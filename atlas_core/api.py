@@ -138,47 +138,57 @@ def _unknown_keyword(key: str) -> str:
             f"options ({', '.join(COMMON_FLAGS)})" + (f"; {hint}" if hint else ""))
 
 
-def _spec_to_train(spec: Any, ovs: list[Override], resume: str | None, out: str | None,
-                   progress: bool) -> Any:
+def _spec_to_train(spec: Any, ovs: list[Override]) -> Any:
     """What `TrainOptions.spec` gets: ``spec`` as given when there is no override, else the
     resolved `Spec` with the overrides applied (resolved here, once: training uses it as it is)."""
     from .spec.model import Spec
     from .spec.overrides import load_with_overrides
+    from .train.setup import check_spec_file
 
     if not ovs:
         if isinstance(spec, Spec):
             return spec
         return str(spec) if isinstance(spec, Path) else spec
-    if spec is None and resume:  # the spec the run resumes with: the checkpoint's own
-        return _resumed_spec(resume, out, progress, ovs)
     if spec is None:
         from .train.setup import default_spec_text
 
         return load_with_overrides(default_spec_text(), ovs)
-    if isinstance(spec, str) and "\n" not in spec and not Path(spec).exists():
-        from .errors import Issue
-
-        raise SpecError([Issue("", f"no such spec file {spec!r}", None,
-                               "give the path of a .toml spec, or no SPEC for the default")])
+    check_spec_file(spec)
     return load_with_overrides(Path(spec) if isinstance(spec, str) and "\n" not in spec else spec,
                                ovs)
 
 
-def _resumed_spec(resume: str, out: str | None, progress: bool, ovs: list[Override]):
-    """The spec a resume without SPEC trains (the run's, as `atlas_core.train.launch.train` picks
-    it, with its checks), with ``ovs`` applied to its resolved tables."""
-    from .spec.overrides import load_with_overrides
-    from .train.checkpoint_preflight import checked_load_checkpoint
-    from .train.setup import TrainOptions, _refuse_stored_files
-    from .train.launch import restart_unsaved
+def _resumed(opts: Any, ovs: list[Override]) -> Any:
+    """``opts`` of a resume without SPEC, prepared (`atlas_core.train.launch.prepare`: the run
+    directory read once), its spec the run's own (an unsaved run's ``spec.toml``, else the
+    checkpoint's, with the checks `make_plan` makes of it) with ``ovs`` applied."""
+    import dataclasses
 
-    restarted, _ = restart_unsaved(TrainOptions(resume=resume, out=out, progress=progress))
-    if restarted.spec is not None:  # a run stopped before its first checkpoint: its spec.toml
-        return load_with_overrides(restarted.spec, ovs)
-    ckpt = checked_load_checkpoint(resume)
-    source = str(ckpt.path / "spec.toml")
-    _refuse_stored_files(ckpt.spec, source, resume)
-    return load_with_overrides(ckpt.spec, ovs)
+    from .train.launch import prepare
+    from .train.setup import refuse_stored_files
+
+    opts = prepare(opts)
+    spec = opts.spec
+    if spec is None:
+        ckpt = opts.checkpoint
+        refuse_stored_files(ckpt.spec, str(ckpt.path / "spec.toml"), opts.resume, ckpt.meta)
+        spec = ckpt.spec
+    return dataclasses.replace(opts, spec=_override_resolved(spec, ovs))
+
+
+def _override_resolved(spec: Any, ovs: list[Override]) -> Any:
+    """The resolved ``spec`` with ``ovs`` applied: overrides of ``[train]`` alone validate that
+    table again (`with_train`; the other tables are resolved already), any other is resolved
+    whole."""
+    from .spec.overrides import annotate, apply_overrides, load_with_overrides
+    from .spec.resolve import with_train
+
+    if any(o.path[0] != "train" or len(o.path) < 2 for o in ovs):
+        return load_with_overrides(spec, ovs)
+    try:
+        return with_train(spec, apply_overrides({"train": dict(spec.train or {})}, ovs)["train"])
+    except SpecError as exc:
+        raise annotate(exc, ovs, spec.source) from None
 
 
 def _launch_options() -> set[str]:
@@ -189,7 +199,8 @@ def _launch_options() -> set[str]:
     from .spec.overrides import COMMON_FLAGS
     from .train.setup import TrainOptions
 
-    spec_keys = {"spec", "out", "resume", "progress", "run_dir_checked", *COMMON_FLAGS}
+    spec_keys = {"spec", "out", "resume", "progress", "run_dir_checked", "prepared", "checkpoint",
+                 "note", *COMMON_FLAGS}
     return {f.name for f in dataclasses.fields(TrainOptions)} - spec_keys
 
 
@@ -220,6 +231,8 @@ def train(
     Other keywords that name a launch option of `atlas_core.train.setup.TrainOptions` (such as
     the data-parallel engine) are passed to it. Overrides: see the module docstring. Ctrl-C saves a checkpoint and raises
     `atlas_core.train.errors.TrainingInterrupted`."""
+    import dataclasses
+
     from .train.setup import TrainOptions
     from .train.launch import train as run_training
 
@@ -228,8 +241,11 @@ def train(
                             seq_len=seq_len, seed=seed, device=device)
     resume_s = str(resume) if resume is not None else None
     out_s = str(out) if out is not None else None
-    spec_arg = _spec_to_train(spec, ovs, resume_s, out_s, progress)
-    opts = TrainOptions(spec=spec_arg, out=out_s, resume=resume_s, progress=progress, **launch)
+    opts = TrainOptions(out=out_s, resume=resume_s, progress=progress, **launch)
+    if spec is None and resume_s and ovs:  # the spec the run resumes with: the checkpoint's own
+        opts = _resumed(opts, ovs)
+    else:
+        opts = dataclasses.replace(opts, spec=_spec_to_train(spec, ovs))
     return Run(run_training(opts, nproc=nproc, on_step=on_step))
 
 

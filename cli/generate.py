@@ -112,9 +112,8 @@ def generate(
 def _stream_for(checkpoint: str, prompt: str | None) -> Stream:
     """A `Stream` with the checkpoint's text codec (None for an id model)."""
     from atlas_core.train.checkpoint_preflight import checked_load_checkpoint
-    from atlas_core.train.task_record import checkpoint_codec
 
-    return Stream(checkpoint_codec(checked_load_checkpoint(checkpoint)), prompt, None)
+    return Stream(checked_load_checkpoint(checkpoint).meta.codec(), prompt, None)
 
 
 def register(app: typer.Typer) -> None:

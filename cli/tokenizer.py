@@ -76,10 +76,9 @@ def export(
 ) -> None:
     """Write the tokenizer a bpe text model was trained with (kept in its checkpoint) to a file."""
     from atlas_core.train.checkpoint import load_checkpoint
-    from atlas_core.train.task_record import checkpoint_codec
 
     ckpt = load_checkpoint(checkpoint)
-    codec = checkpoint_codec(ckpt)
+    codec = ckpt.meta.codec()
     if codec is None or codec.mode != "bpe":
         mode = "no text" if codec is None else f"{codec.mode} tokens"
         raise ValueError(f"{checkpoint}: this model was trained on {mode}, not with a subword "

@@ -60,6 +60,7 @@ def make_fla_shape(job: dict[str, Any]) -> dict[str, Any]:
     from ..model import build_model
     from ..spec import load_spec
     from ..train.checkpoint import save_checkpoint
+    from ..train.checkpoint_meta import CheckpointMeta
 
     cfg = {"model_type": job["family"], **job["config"]}
     fam = family_for(cfg)
@@ -69,7 +70,7 @@ def make_fla_shape(job: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build_model(spec)
     save_checkpoint(job["out"], 0, model=model, spec=spec, optimizer_state=({}, {}), rng={},
-                    meta={"made_by": "atlas bench inference: random weights, seed 0"})
+                    meta=CheckpointMeta(extra={"made_by": "atlas bench inference: random weights, seed 0"}))
     return {"parameters": sum(p.numel() for p in model.parameters())}
 
 

@@ -34,7 +34,6 @@ def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
     from ..model import build_model
     from ..train.checkpoint_preflight import check_weights_fit, checked_load_checkpoint
     from ..train.setup import resolve_device
-    from ..train.task_record import checkpoint_codec, trained_task
 
     dtype = dtype_of(dtype)
     ckpt = checked_load_checkpoint(str(path))
@@ -47,11 +46,11 @@ def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
         torch.set_default_dtype(previous)
     ckpt.load_model(model)
     model = model.to(resolve_device(device)).eval()
-    model.spec, model.codec = ckpt.spec, checkpoint_codec(ckpt)
+    model.spec, model.codec = ckpt.spec, ckpt.meta.codec()
     bpe = model.codec is not None and getattr(model.codec, "mode", None) == "bpe"
     model.tokenizer = model.codec.tokenizer if bpe else None
     model.checkpoint, model.trained_steps = ckpt.path, ckpt.step
-    model.task = trained_task(ckpt) or None
+    model.task = ckpt.meta.task or None
     return ckpt, model
 
 

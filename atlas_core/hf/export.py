@@ -82,7 +82,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
             f"exporting to Hugging Face needs transformers>=5 ({exc}); pip install "
             "'atlas-ttm[hf]' (or pip install 'transformers>=5')") from None
     from ..train.inference import open_checkpoint
-    from ..train.task_record import checkpoint_codec
 
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -91,7 +90,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
         raise ValueError(f"OUT_DIR {str(out)!r} exists and is not empty; choose a new directory or "
                          "pass --overwrite to replace it")
     ckpt, model, _ = open_checkpoint(str(checkpoint), "cpu")
-    codec = checkpoint_codec(ckpt)
+    codec = ckpt.meta.codec()
     config = AtlasConfig.from_spec(ckpt.spec, text_codec=codec)
     hf = AtlasForCausalLM(config, native=model).eval()
     if dtype != "float32":

@@ -117,6 +117,7 @@ def import_checkpoint(src: str | Path, out: str | Path, *, overrides: Iterable[s
     from ..model import build_model
     from ..spec import load_spec
     from ..train.checkpoint import save_checkpoint
+    from ..train.checkpoint_meta import CheckpointMeta
 
     src, out = Path(src), Path(out)
     if not src.is_dir():
@@ -141,8 +142,8 @@ def import_checkpoint(src: str | Path, out: str | Path, *, overrides: Iterable[s
     try:
         out.mkdir(parents=True, exist_ok=True)
         tok_dir = copy_tokenizer(tokenizer_files(src), out)
-        meta = {"imported": {"format": FORMAT, "from": str(src), "model_type": cfg.get("model_type"),
-                             "overrides": overrides, "notes": imp.notes}, **_text_meta(tok_dir, imp.notes)}
+        meta = CheckpointMeta(extra={"imported": {"format": FORMAT, "from": str(src), "model_type": cfg.get("model_type"),
+                                                  "overrides": overrides, "notes": imp.notes}}, **_text_meta(tok_dir, imp.notes))
         ckpt = save_checkpoint(out, 0, model=model, spec=spec, optimizer_state=({}, {}), rng={}, meta=meta)
     except BaseException:
         if created:  # nothing half-written is left behind

@@ -5,13 +5,15 @@
 ``tasks``                 mqar, copy, selective_copy, sniah, text: seeded ``(inputs, targets)`` batches
 ``optim``                 AdamW groups, warm-up + cosine schedule, optimiser state as named tensors
 ``setup``                 command-line options -> a checked `Plan` (spec, overrides, resume, run dir)
-``launch``                `train`: check the inputs, then run in 1 or N processes (spawn or torchrun)
+``launch``                `prepare` (read the run directory once), `train`: check the inputs, then
+                          run in 1 or N processes (spawn or torchrun)
 ``trainer``               the loop (`Trainer`): steps, evaluation, checkpoints, Ctrl-C
 ``step``                  one optimizer step: masked cross-entropy, backward, clipping
 ``timing``, ``report``    the steps' timing, the lines on stderr and the timing records
 ``progress``, ``compile`` the progress bar; torch.compile's backend, cache and failures
 ``evaluate``              the task of a model, loss / accuracy / perplexity over counted targets
 ``checkpoint``            atomic safetensors + JSON + TOML checkpoints, verified on load, no pickle
+``checkpoint_meta``       a checkpoint's ``meta.json`` as a record (`CheckpointMeta`): progress, task
 ``run_dir``               the run directory's file operations: its lock, atomic writes, fsync
 ``data_parallel``         N processes over ``torch.distributed``: engines (DDP, FSDP2), spawning
 ``errors``                every error training raises

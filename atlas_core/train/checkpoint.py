@@ -7,8 +7,9 @@ A run directory holds ``checkpoints/step-<step:09d>/``, each with:
 ``optimizer.safetensors``   the optimiser's tensors, ``"<param name>/<key>"`` (`optim`)
 ``state.safetensors``       RNG states as uint8 tensors: ``rng/data`` (the batch generator),
                             ``rng/torch`` (torch's global CPU generator), ``rng/cuda.<i>``
-``meta.json``               the optimiser's non-tensor fields, the task (name, params, vocabulary
-                            of a char-level text task), the last metrics
+``meta.json``               the run's progress, the task (name, params, vocabulary of a
+                            char-level text task), the last metrics, the optimiser's non-tensor
+                            fields (`checkpoint_meta.CheckpointMeta`)
 ``spec.toml``               the resolved spec, enough to rebuild the model exactly
 ``manifest.json``           format, step, spec hash, and the size and SHA-256 of every file above
 ==========================  =====================================================================
@@ -62,6 +63,7 @@ reads again), so loading a model needs its own memory and little more.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -78,13 +80,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .checkpoint_meta import META_FILE, CheckpointMeta
 from .errors import CheckpointError
 from .weights_io import file_sha256, read_into, write_tensors
 from ..spec.compat import content_hash, stated_changes
 from ..safe_files import FileRefusedError, check_regular_file, read_bounded
 # the run directory's file operations (lock, atomic writes) live in run_dir.py; the lock's
 # names stay importable from here
-from .run_dir import (LOCK_FILE, RunLock, _pid_alive, _stale, claim_run_dir,  # noqa: F401
+from .run_dir import (LOCK_FILE, RunLock, claim_run_dir, is_stale,  # noqa: F401
                       fsync_dir, holds_run_lock, write_atomic, write_text_atomic)
 
 FORMAT = "atlas-checkpoint/1"
@@ -157,7 +160,7 @@ def save_checkpoint(
     spec: Any,
     optimizer_state: tuple[dict[str, torch.Tensor], dict[str, Any]],
     rng: dict[str, torch.Tensor],
-    meta: dict[str, Any],
+    meta: CheckpointMeta,
     keep: int = 2,
     at: Callable[[str], None] | None = None,
 ) -> Path:
@@ -188,7 +191,7 @@ def save_checkpoint(
         reached("files")
     blobs: dict[str, bytes] = {
         "state.safetensors": _tensor_bytes(rng),
-        "meta.json": json.dumps({**meta, "optimizer": opt_rest}, indent=1, default=float).encode(),
+        META_FILE: dataclasses.replace(meta, optimizer=opt_rest).to_json(),
         "spec.toml": spec.to_toml().encode(),
     }
     for name, data in blobs.items():
@@ -233,7 +236,7 @@ def _prune(root: Path, keep: int, saved: int) -> None:
     then delete every temporary directory."""
     # ``saved`` sorts last, so a resumed run that saves below a step from an earlier attempt
     # never prunes its own new checkpoint.
-    complete = sorted(_complete_steps(root), key=lambda s: (s == saved, s))
+    complete = sorted(complete_steps(root), key=lambda s: (s == saved, s))
     for step in complete[:-keep] if keep > 0 else []:
         doomed = root / step_dir_name(step)
         trash = root / f".{doomed.name}.trash-{os.getpid()}"
@@ -245,7 +248,7 @@ def _prune(root: Path, keep: int, saved: int) -> None:
     recover_checkpoints(root)
 
 
-def _complete_steps(root: Path) -> list[int]:
+def complete_steps(root: Path) -> list[int]:
     """The steps of ``root``'s ``step-*`` directories that hold a manifest."""
     steps = []
     if root.is_dir():
@@ -327,7 +330,7 @@ def recover_checkpoints(root: str | Path) -> list[Path]:
     ours = holds_run_lock(root.parent)
     adopted = []
     for step, src in sorted(_recoverable(root).items()):
-        if not _stale(src.name, ours):
+        if not is_stale(src.name, ours):
             continue
         dst = root / step_dir_name(step)
         os.replace(src, dst)
@@ -335,7 +338,7 @@ def recover_checkpoints(root: str | Path) -> list[Path]:
     if adopted:
         fsync_dir(root)  # adopted names durable before the other copies are deleted
     for child in root.iterdir():
-        if _TEMP_DIR.match(child.name) and _stale(child.name, ours):
+        if _TEMP_DIR.match(child.name) and is_stale(child.name, ours):
             shutil.rmtree(child, ignore_errors=True)
     return adopted
 
@@ -344,7 +347,7 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     """The newest complete checkpoint in the ``checkpoints/`` directory ``root``: the highest
     step of a ``step-*`` directory or of a complete temporary copy; None when there is none."""
     root = Path(root)
-    proper = _complete_steps(root)
+    proper = complete_steps(root)
     best = max(proper, default=-1)
     found = _recoverable(root, above=best)
     if found:
@@ -393,7 +396,7 @@ class Checkpoint:
 
     path: Path
     manifest: dict[str, Any]
-    meta: dict[str, Any]
+    meta: CheckpointMeta
     spec: Any
     _blobs: dict[str, bytes] = field(default_factory=dict, repr=False)
     #: what reading it noted (a spec written by an earlier version: `_spec_upgrade`)
@@ -418,7 +421,7 @@ class Checkpoint:
         return self._tensors("model.safetensors")
 
     def optimizer_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        return self._tensors("optimizer.safetensors"), self.meta.get("optimizer", {})
+        return self._tensors("optimizer.safetensors"), self.meta.optimizer
 
     def rng(self) -> dict[str, torch.Tensor]:
         return self._tensors("state.safetensors")
@@ -470,23 +473,12 @@ def _read_verified(ckpt: Path, name: str, entry: Any) -> bytes:
     return data
 
 
-_last_spec: tuple[Any, bytes, Any] | None = None  # (registry, spec.toml bytes, its resolved Spec)
-
-
 def _stored_spec(data: bytes) -> Any:
-    """The resolved spec of a checkpoint's ``spec.toml``. The same bytes read again with the same
-    registry (a resume reads its checkpoint twice: for the spec, then for the weights) are not
-    resolved again."""
-    global _last_spec
+    """The resolved spec of a checkpoint's ``spec.toml``."""
     from ..host.manager import get_registry
     from ..spec import load_spec
 
-    registry = get_registry()
-    if _last_spec is not None and _last_spec[0] is registry and _last_spec[1] == data:
-        return _last_spec[2]
-    spec = load_spec(data.decode(), registry=registry)
-    _last_spec = (registry, data, spec)
-    return spec
+    return load_spec(data.decode(), registry=get_registry())
 
 
 def _read_manifest(ckpt: Path) -> dict[str, Any]:
@@ -500,20 +492,6 @@ def _read_manifest(ckpt: Path) -> dict[str, Any]:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"{ckpt / MANIFEST}: not an {FORMAT} manifest (format {got!r})")
     return manifest
-
-
-def read_meta(path: str | Path) -> dict[str, Any]:
-    """The ``meta.json`` of the checkpoint ``path``, verified against its manifest, without
-    reading the tensors (`CheckpointError` when it cannot be)."""
-    ckpt = find_checkpoint(path)
-    files = _read_manifest(ckpt).get("files") or {}
-    if "meta.json" not in files:
-        raise CheckpointError(f"{ckpt / MANIFEST}: does not list meta.json")
-    try:
-        meta = json.loads(_read_verified(ckpt, "meta.json", files["meta.json"]))
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt / 'meta.json'}: not JSON ({exc})") from None
-    return meta if isinstance(meta, dict) else {}
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -530,10 +508,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     blobs = {name: _read_verified(ckpt, name, files[name]) for name in needed if name not in _STREAMED}
     for name in _STREAMED:  # hashed in pieces now, read when asked for (Checkpoint.load_model)
         _verify_streaming(ckpt, name, files[name])
-    try:
-        meta = json.loads(blobs["meta.json"])
-    except ValueError as exc:
-        raise CheckpointError(f"{ckpt / 'meta.json'}: not JSON ({exc})") from None
+    meta = CheckpointMeta.from_json(blobs[META_FILE], ckpt / META_FILE)
     try:
         spec = _stored_spec(blobs["spec.toml"])
     except SpecError as exc:

@@ -116,26 +116,6 @@ def held_out(task: Task) -> Task:
     return task
 
 
-def task_meta(task: Task, table: Mapping[str, Any],
-              files: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What a checkpoint records about its task (the char vocabulary of a text task included);
-    ``files``: the fingerprints of the files it read (`task_files.fingerprints`)."""
-    meta: dict[str, Any] = {
-        "use": table.get("use"),
-        "params": task.params.model_dump(),
-        "vocab_size": task.vocab_size,
-        "seq_len": task.seq_len,
-    }
-    if files:
-        meta["files"] = dict(files)
-    if task.name == "text":
-        if task.params.mode == "bpe":  # the whole tokenizer: decoding needs no file
-            meta["text"] = {"mode": "bpe", "tokenizer": task.tokenizer.to_str()}
-        else:
-            meta["text"] = {"mode": task.params.mode, "vocab": task.vocab}
-    return meta
-
-
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,

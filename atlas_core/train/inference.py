@@ -33,7 +33,6 @@ from ..errors import Issue, SpecError
 from ..host.registry import split_use
 from .checkpoint import Checkpoint, CheckpointError
 from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
-from .task_record import checkpoint_codec, trained_task
 from .codec import TextCodec
 from .evaluate import build_task, evaluate, held_out, without_file_params
 from .setup import resolve_device
@@ -71,7 +70,7 @@ def open_checkpoint(path: str, device: str = "auto") -> tuple[Checkpoint, torch.
 def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     """The task to evaluate ``ckpt`` on (see the module docstring)."""
     vocab = int(ckpt.spec.model.get("vocab_size", 0))
-    trained = trained_task(ckpt)
+    trained = ckpt.meta.trained_task()
     trained_use = trained.get("use")
     if task is None:
         name, raw = trained_use, {}
@@ -83,7 +82,7 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
     if name is None:
         raise SpecError([Issue("--task", "the checkpoint records no task; name one", None,
                                "e.g. --task mqar")])
-    codec = checkpoint_codec(ckpt)
+    codec = ckpt.meta.codec()
     own_tokenizer = False
     if name == trained_use:
         # The training params, except the files they name: those come from the command line, or
@@ -99,7 +98,7 @@ def eval_task(ckpt: Checkpoint, task: Any = None, seq_len: int | None = None):
                          and getattr(codec, "mode", None) == "bpe")
         unnamed = {k: v for k, v in dropped.items()
                    if k not in raw and not (own_tokenizer and k == "tokenizer")}
-        refused = unverified_files(name, unnamed, ckpt.meta)
+        refused = unverified_files(name, unnamed, ckpt.meta.recorded_files())
         if refused:
             trained_files = ", ".join(f"{k} = {unnamed[k]!r}" for k in sorted(refused))
             why = "; ".join(refused[k] for k in sorted(refused))
@@ -173,14 +172,14 @@ def _prompt_ids(codec: TextCodec | None, ckpt: Checkpoint, prompt: str | None, i
     without a prompt) the start of a document."""
     if prompt is None and ids is None:  # a text model samples from a document start; an id model needs its prompt
         if codec is None:
-            task = trained_task(ckpt).get("use", "?")
+            task = ckpt.meta.trained_task().get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids with no start of "
                 "their own; pass --prompt-ids, e.g. --prompt-ids '3 17 5'")
         return document_start(codec)
     if prompt is not None:
         if codec is None:
-            task = trained_task(ckpt).get("use", "?")
+            task = ckpt.meta.trained_task().get("use", "?")
             raise ValueError(
                 f"this checkpoint was trained on {task}, whose tokens are ids, not text; pass "
                 "--prompt-ids, e.g. --prompt-ids '3 17 5'"

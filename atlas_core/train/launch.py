@@ -8,6 +8,12 @@ temporary name and deletes the rest (`checkpoint.recover_checkpoints`). A run st
 first checkpoint has nothing to resume: `train` starts it again from step 0 in the same directory
 (``--resume DIR``, with the run's saved ``spec.toml`` unless a SPEC is given, or a fresh run with
 ``--out DIR``) and says so in one line on stderr (`restart_unsaved`).
+
+`prepare` reads the run directory once, before anything else: it restarts an unsaved run (its
+``spec.toml`` resolved) or opens the checkpoint ``--resume`` names (verified, its spec resolved),
+and the options it returns carry what it read to the plan (`setup.make_plan`), so neither is
+read or resolved again. `atlas_core.api.train` prepares a resume first when it overrides the
+checkpoint's spec.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from ..allocator import configure as configure_allocator
 from .checkpoint import latest_checkpoint
 from .data_parallel import SINGLE, DistInfo, from_env
 from .errors import TrainingInterrupted
-from .metrics import METRICS_FILE, read_metrics
+from .checkpoint_preflight import checked_load_checkpoint
+from .metrics import METRICS_FILE, run_finished
 from .run_dir import LOCK_FILE
-from .setup import RunComplete, TrainOptions
+from .setup import RunComplete, TrainOptions, refuse_stored_files
 from .threads import plan_threads
 from .trainer import Trainer
 
@@ -44,12 +51,11 @@ def _unsaved_run(d: Path, resuming: bool = False) -> bool:
     end marker, and no complete checkpoint (counting those a killed save left under temporary
     names, which a resume adopts). ``resuming`` (``--resume d``): a run killed after it locked the
     directory (``run.lock``) but before its first log line counts too."""
-    log = d / METRICS_FILE
     if latest_checkpoint(d / "checkpoints") is not None:
         return False
-    if not log.is_file():
+    if not (d / METRICS_FILE).is_file():
         return resuming and (d / LOCK_FILE).is_file()
-    return not any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
+    return not run_finished(d)
 
 
 def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
@@ -74,11 +80,10 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
         spec = opts.spec
         if spec is None:  # the run's own spec may not choose the local files it reads either
             from ..spec import load_spec
-            from .setup import _refuse_stored_files
 
             path = str(d / "spec.toml")
             spec = load_spec(path)  # resolved once, here: the plan uses it as it is
-            _refuse_stored_files(spec, path, str(d))
+            refuse_stored_files(spec, path, str(d), None)
         opts = dataclasses.replace(opts, resume=None, spec=spec)
         if opts.out is None or Path(opts.out).expanduser().resolve() == d.resolve():
             return dataclasses.replace(opts, out=str(d), run_dir_checked=True), note
@@ -87,6 +92,23 @@ def restart_unsaved(opts: TrainOptions) -> tuple[TrainOptions, str | None]:
                         "starting the new run there")
         return dataclasses.replace(opts, run_dir_checked=True), note
     return opts, note
+
+
+def prepare(opts: TrainOptions,
+            check: Callable[[TrainOptions], None] | None = None) -> TrainOptions:
+    """``opts`` with the run directory read, once (module docstring): an unsaved run restarted
+    (`restart_unsaved`: ``spec`` resolved, ``note`` set), else the checkpoint ``resume`` names
+    opened (``checkpoint``). ``check(opts)`` (the launch's own checks) runs before the
+    checkpoint is read. Options prepared already are only checked."""
+    if opts.prepared:
+        if check is not None:
+            check(opts)
+        return opts
+    opts, note = restart_unsaved(opts)
+    if check is not None:
+        check(opts)
+    ckpt = checked_load_checkpoint(opts.resume) if opts.resume else None
+    return dataclasses.replace(opts, prepared=True, checkpoint=ckpt, note=note)
 
 
 def train(opts, nproc: int = 1, on_step: Callable[[Trainer], None] | None = None) -> dict[str, Any]:
@@ -111,12 +133,22 @@ def _train(opts, nproc: int, on_step: Callable[[Trainer], None] | None) -> dict[
     from .setup import make_plan, worker_options
 
     env = distributed.from_env()
-    opts, note = restart_unsaved(opts)
+    if env is None:
+        if nproc < 1:
+            raise ValueError(f"--nproc {nproc} must be >= 1")
+        if opts.context_parallel > 1 and nproc == 1:  # one process per slice of each sequence
+            nproc = opts.context_parallel
+    world = env.world if env is not None else nproc
+
+    def check(o: TrainOptions) -> None:
+        distributed.check_launch(o.shard, o.context_parallel, world, o.resume)
+
+    opts = prepare(opts, check)
+    note = opts.note
     if env is not None:
         # Every rank checks the inputs before the rendezvous (init returns only when all ranks
         # have joined, so no rank can see a directory that rank 0 already started writing);
         # then all ranks take rank 0's choice of run directory.
-        distributed.check_launch(opts.shard, opts.context_parallel, env.world, opts.resume)
         plan = make_plan(opts, world=env.world // opts.context_parallel)
         distributed.check_context_model(plan, opts.context_parallel)
         if note and env.is_main:
@@ -136,11 +168,6 @@ def _train(opts, nproc: int, on_step: Callable[[Trainer], None] | None) -> dict[
             raise
         finally:
             distributed.shutdown(clean)
-    if nproc < 1:
-        raise ValueError(f"--nproc {nproc} must be >= 1")
-    if opts.context_parallel > 1 and nproc == 1:  # one process per slice of each sequence
-        nproc = opts.context_parallel
-    distributed.check_launch(opts.shard, opts.context_parallel, nproc, opts.resume)
     plan = make_plan(opts, world=nproc // opts.context_parallel)  # every input error surfaces here
     distributed.check_context_model(plan, opts.context_parallel)
     if note:

@@ -130,6 +130,14 @@ class MetricsLog:
 MAX_LINE = 1 << 20
 
 
+def run_finished(run_dir: str | Path) -> bool:
+    """Whether the run in ``run_dir`` wrote its end marker (its metrics log says it finished)."""
+    log = Path(run_dir) / METRICS_FILE
+    if not log.is_file():
+        return False
+    return any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics file (a truncated last line, from a killed run, is skipped).
 

@@ -125,14 +125,6 @@ class TrainParams(Params):
             return _resolve(cls, obj)
         return super().model_validate(obj, *args, **kwargs)
 
-    @property
-    def task_name(self) -> str:
-        return split_use(self.task)[0]
-
-    @property
-    def task_params(self) -> dict[str, Any]:
-        return split_use(self.task)[1]
-
 
 def _validate(cls: type[TrainParams], raw: Mapping[str, Any]) -> TrainParams:
     return super(TrainParams, cls).model_validate(dict(raw))

@@ -8,7 +8,7 @@ relies on).
   process ends, so a killed run never leaves a stale lock;
 - `write_atomic` / `write_text_atomic` write through a temporary file, fsync and rename;
   `fsync_dir` makes a directory's entries (created, renamed files) durable;
-- `_stale` says whether a ``.<name>.<kind>-<pid>`` directory belongs to no live writer.
+- `is_stale` says whether a ``.<name>.<kind>-<pid>`` directory belongs to no live writer.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     write_atomic(path, text.encode("utf-8"))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and can still write (a zombie, killed but not yet reaped by
     its parent, cannot). Unsure means alive: a directory is kept rather than deleted."""
     if pid <= 0:
@@ -71,12 +71,12 @@ def _pid_alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def _stale(name: str, ours: bool) -> bool:
+def is_stale(name: str, ours: bool) -> bool:
     """Whether the temporary directory ``name`` (``.step-N.<kind>-<pid>``) belongs to no live
     writer: its process is this one (which is not writing it now) or is gone, or this process
     holds the run's lock (no other process can be writing the run)."""
     pid = int(name.rsplit("-", 1)[1])
-    return ours or pid == os.getpid() or not _pid_alive(pid)
+    return ours or pid == os.getpid() or not pid_alive(pid)
 
 
 # -- the run lock -------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def _tidy_new_dirs(run_dir: Path) -> None:
         return
     for child in siblings:
         pid = child.name[len(prefix):]
-        if child.name.startswith(prefix) and pid.isdigit() and _stale(child.name, False):
+        if child.name.startswith(prefix) and pid.isdigit() and is_stale(child.name, False):
             shutil.rmtree(child, ignore_errors=True)
 
 

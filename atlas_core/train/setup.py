@@ -32,9 +32,10 @@ from typing import Any
 
 from ..errors import Issue, SpecError
 from .errors import RunDirError  # noqa: F401  (raised here; importable from here)
-from .checkpoint import Checkpoint, CheckpointError, _complete_steps, arch_hash
+from .checkpoint import Checkpoint, CheckpointError, arch_hash, complete_steps
+from .checkpoint_meta import CheckpointMeta
 from .checkpoint_preflight import check_weights_fit, checked_load_checkpoint
-from .metrics import METRICS_FILE
+from .metrics import METRICS_FILE, run_finished
 from .params import TrainParams, train_params
 
 DEFAULT_SPEC = "default_mqar.toml"
@@ -47,15 +48,15 @@ class RunComplete(Exception):
     returned it (from the checkpoint), ``line`` says so for a person."""
 
     def __init__(self, ckpt: Checkpoint, spec: Any, run_dir: Path, resume: str) -> None:
-        last = ckpt.meta.get("last_eval") or {}
-        elapsed = float(ckpt.meta.get("elapsed_s", 0.0))
+        last = ckpt.meta.last_eval or {}
+        elapsed = ckpt.meta.elapsed_s
         nan = float("nan")
         self.result: dict[str, Any] = {
             "name": spec.name, "arch": spec.arch, "spec_hash": spec.spec_hash,
             "steps": ckpt.step, "eval_loss": last.get("loss", nan),
             "accuracy": last.get("accuracy", nan), "perplexity": last.get("perplexity", nan),
             "eval_tokens": last.get("tokens", 0), "time_s": elapsed,
-            "tokens_per_s": int(ckpt.meta.get("tokens_seen", 0)) / max(elapsed, 1e-9),
+            "tokens_per_s": ckpt.meta.tokens_seen / max(elapsed, 1e-9),
             "run_dir": str(run_dir), "checkpoint": str(ckpt.path), "complete": True,
         }
         self.line = (f"train: the run {run_dir} is complete (step {ckpt.step} of {ckpt.step} saved "
@@ -86,6 +87,11 @@ class TrainOptions:
     context_parallel: int = 1  # ranks that split each sequence along time (atlas_core.distributed)
     threads: tuple[int, str] | None = None  # (count, reason) the launcher chose for its workers
     run_dir_checked: bool = False  # set by the launcher once the directory was chosen
+    #: set by `launch.prepare`, which reads the run directory once: the opened checkpoint of
+    #: ``resume`` (the plan uses it as it is) and the line that says an unsaved run starts again
+    prepared: bool = False
+    checkpoint: Checkpoint | None = None
+    note: str | None = None
 
 
 @dataclass
@@ -164,11 +170,16 @@ def _load(source: Any):
     if isinstance(source, dict):
         return load_spec(source), "the spec given"
     text = str(source)
-    if "\n" not in text and not Path(text).exists():
-        raise SpecError([Issue("", f"no such spec file {text!r}", None,
-                               "give the path of a .toml spec, or no SPEC for the default")])
+    check_spec_file(text)
     label = text if "\n" not in text else "the spec given"
     return load_spec(Path(text) if "\n" not in text else text), label
+
+
+def check_spec_file(source: Any) -> None:
+    """Refuse a one-line string that names no file: a spec is a path, or TOML text."""
+    if isinstance(source, str) and "\n" not in source and not Path(source).exists():
+        raise SpecError([Issue("", f"no such spec file {source!r}", None,
+                               "give the path of a .toml spec, or no SPEC for the default")])
 
 
 def _label(source: str | None) -> str:
@@ -178,7 +189,7 @@ def _label(source: str | None) -> str:
 
 def _fresh_run_dir(out: str | None, name: str) -> Path:
     def holds_run(d: Path) -> bool:
-        return (d / METRICS_FILE).exists() or bool(_complete_steps(d / "checkpoints"))
+        return (d / METRICS_FILE).exists() or bool(complete_steps(d / "checkpoints"))
 
     if out is not None:
         d = Path(out).expanduser()
@@ -198,11 +209,12 @@ def _fresh_run_dir(out: str | None, name: str) -> Path:
     return d
 
 
-def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
+def refuse_stored_files(spec: Any, source: str, resume: str, meta: CheckpointMeta | None) -> None:
     """A checkpoint's own spec may choose the local files a run reads (a text task's ``path``)
     only when each is the file the run read: ``source`` is the checkpoint's ``spec.toml``, and
-    the checkpoint recorded the file's size and SHA-256 (`task_files`). Otherwise resuming such
-    a run takes a SPEC named on the command line."""
+    the checkpoint's ``meta`` recorded the file's size and SHA-256 (`task_files`). Otherwise
+    resuming such a run takes a SPEC named on the command line. ``meta`` None: ``source`` is a
+    run's own ``spec.toml`` (the run stopped before a checkpoint recorded its files)."""
     from ..host.registry import split_use
     from .evaluate import without_file_params
     from .task_files import unverified_files
@@ -215,11 +227,10 @@ def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
     files = {k: v for k, v in files.items() if v is not None}  # an unset param names no file
     if not files:
         return
-    meta = _checkpoint_meta(Path(source).parent)
-    if meta is None:  # a run's own spec.toml: it stopped before a checkpoint recorded its files
+    if meta is None:
         refused = {k: "no checkpoint of the run recorded its size and SHA-256" for k in files}
     else:
-        refused = unverified_files(name, files, meta)
+        refused = unverified_files(name, files, meta.recorded_files())
     if refused:
         key = sorted(refused)[0]
         raise CheckpointError(
@@ -230,25 +241,14 @@ def _refuse_stored_files(spec: Any, source: str, resume: str) -> None:
         )
 
 
-def _checkpoint_meta(path: Path) -> dict[str, Any] | None:
-    """The verified ``meta.json`` of the checkpoint directory ``path`` (``{}`` when it cannot be
-    read), or None when ``path`` is no checkpoint (a run directory: its own ``spec.toml``)."""
-    from .checkpoint import MANIFEST, read_meta
-
-    if not (path / MANIFEST).is_file():
-        return None
-    try:
-        return read_meta(path)
-    except CheckpointError:
-        return {}
-
-
 def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
     """Check every input and decide the run (see the module docstring)."""
-    ckpt = checked_load_checkpoint(opts.resume) if opts.resume else None
+    ckpt = opts.checkpoint
+    if ckpt is None and opts.resume:
+        ckpt = checked_load_checkpoint(opts.resume)
     if opts.spec is None and ckpt is not None:
         spec, source = ckpt.spec, str(ckpt.path / "spec.toml")
-        _refuse_stored_files(spec, source, opts.resume)
+        refuse_stored_files(spec, source, opts.resume, ckpt.meta)
     else:
         spec, source = _load(opts.spec)
     if ckpt is not None and arch_hash(spec) != ckpt.manifest.get("arch_hash"):
@@ -284,7 +284,7 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
         run_dir = Path(opts.out).expanduser() if opts.out else default_dir
         # a run stopped after its last step was saved (killed in or after the final save) still
         # owes its final evaluation and end marker: resuming it trains no step and finishes it
-        unfinished = params.steps == ckpt.step and not _finished(run_dir)
+        unfinished = params.steps == ckpt.step and not run_finished(run_dir)
         if params.steps == ckpt.step and not unfinished:  # a requeued job: already done
             raise RunComplete(ckpt, spec, run_dir, opts.resume)
         if params.steps < ckpt.step:
@@ -299,20 +299,9 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
     return Plan(spec, params, run_dir, device, ckpt, source, task)
 
 
-def _finished(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` wrote its end marker (its metrics log says it finished)."""
-    from .metrics import read_metrics
-
-    from .metrics import METRICS_FILE
-
-    log = run_dir / METRICS_FILE
-    if not log.is_file():
-        return False
-    return any(r.get("kind") == "run" and r.get("event") == "end" for r in read_metrics(log))
-
-
 def worker_options(opts: TrainOptions, plan: Plan) -> TrainOptions:
     """The options a spawned worker gets: the resolved spec (not resolved again there) and the
     chosen directory."""
     return dataclasses.replace(opts, spec=plan.spec, out=str(plan.run_dir),
-                               steps=None, seed=None, device=None, run_dir_checked=True)
+                               steps=None, seed=None, device=None, run_dir_checked=True,
+                               prepared=False, checkpoint=None, note=None)

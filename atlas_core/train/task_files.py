@@ -66,13 +66,6 @@ def fingerprints(name: str, params: Mapping[str, Any], registry=None) -> dict[st
     return out
 
 
-def recorded_files(meta: Any) -> dict[str, Any]:
-    """``meta["task"]["files"]`` of a checkpoint's meta (``{}`` when absent or malformed)."""
-    task = meta.get("task") if isinstance(meta, Mapping) else None
-    files = task.get("files") if isinstance(task, Mapping) else None
-    return dict(files) if isinstance(files, Mapping) else {}
-
-
 def check_recorded(key: str, value: Any, recorded: Mapping[str, Any]) -> str | None:
     """None when the file at ``value`` (param ``key``'s value in the checkpoint's spec) is the file
     the checkpoint recorded for ``key``; otherwise why not, as a phrase."""
@@ -102,13 +95,13 @@ def check_recorded(key: str, value: Any, recorded: Mapping[str, Any]) -> str | N
     return None
 
 
-def unverified_files(name: str, params: Mapping[str, Any], meta: Any,
+def unverified_files(name: str, params: Mapping[str, Any], recorded: Mapping[str, Any],
                      registry=None) -> dict[str, str]:
     """``{param: why}`` for each file param of task ``name`` (with a value) in ``params`` that the
-    checkpoint's ``meta`` does not vouch for (`check_recorded`); ``{}`` when all may be read."""
+    checkpoint's ``recorded`` fingerprints (`checkpoint_meta.CheckpointMeta.recorded_files`) do
+    not vouch for (`check_recorded`); ``{}`` when all may be read."""
     from .evaluate import file_params
 
-    recorded = recorded_files(meta)
     out = {}
     for key in file_params(name, registry, path="train.task"):
         value = params.get(key)

@@ -51,7 +51,8 @@ from .compile import COMPILE_BACKEND, compile_failed, is_compile_error, quiet_co
 from . import data_parallel
 from .data_parallel import SINGLE, DistInfo, any_rank, from_env, full_state
 from .errors import TrainingDiverged, TrainingInterrupted
-from .evaluate import build_task, evaluate, held_out, task_meta, task_table
+from .checkpoint_meta import CheckpointMeta, task_record
+from .evaluate import build_task, evaluate, held_out, task_table
 from .metrics import CURVE_FILE, METRICS_FILE, MetricsLog, end_line, plot_curves, read_metrics
 from .optim import (
     build_optimizer, load_optimizer_tensors, lr_at, named_unique_parameters, optimizer_tensors,
@@ -92,7 +93,6 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed_before = 0.0
         self.last_eval: dict[str, Any] | None = None
-        self.checkpoint_path: Path | None = None
         self._run_lock = None  # the run directory's lock (`claim_run_dir`), held by the main rank
         sinks = ()
         if dist.is_main and plan.train.tensorboard:
@@ -155,9 +155,9 @@ class Trainer:
         if self.device.startswith("cuda") and "rng/cuda.0" in rng:
             torch.cuda.set_rng_state(rng["rng/cuda.0"])
         self.step = ckpt.step
-        self.tokens_seen = int(ckpt.meta.get("tokens_seen", 0))
-        self.elapsed_before = float(ckpt.meta.get("elapsed_s", 0.0))
-        self.last_eval = ckpt.meta.get("last_eval")
+        self.tokens_seen = ckpt.meta.tokens_seen
+        self.elapsed_before = ckpt.meta.elapsed_s
+        self.last_eval = ckpt.meta.last_eval
 
     def _engine(self) -> None:
         """With N processes, the module a step calls (`data_parallel.engine`); FSDP replaces the
@@ -204,21 +204,17 @@ class Trainer:
         # FSDP: every rank takes part in gathering the full state that rank 0 writes
         model, optimizer = full_state(self.model, self.optimizer, self.shard, self.dist)
         if self.dist.is_main:
-            meta = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "elapsed_s": self.elapsed(),
-                "world_size": self.dist.world,
-                "task": task_meta(self.task, self.task_table, self.task_files),
-                "last_eval": self.last_eval,
-            }
+            meta = CheckpointMeta(
+                step=self.step, tokens_seen=self.tokens_seen, elapsed_s=self.elapsed(),
+                world_size=self.dist.world,
+                task=task_record(self.task, self.task_table, self.task_files),
+                last_eval=self.last_eval)
             path = save_checkpoint(
                 self.plan.run_dir, self.step, model=model, spec=self.plan.spec,
                 optimizer_state=optimizer_tensors(self.model, optimizer),
                 rng=self.rng_state(), meta=meta, keep=self.p.keep_checkpoints,
                 at=self.checkpoint_hook,
             )
-            self.checkpoint_path = path
         if self.dist.active:
             torch.distributed.barrier()
         return path

@@ -70,7 +70,8 @@ def files(tmp_path_factory):
 
     from atlas_core.model import build_model
     from atlas_core.train.checkpoint import save_checkpoint
-    from atlas_core.train.evaluate import build_task, task_meta
+    from atlas_core.train.checkpoint_meta import CheckpointMeta, task_record
+    from atlas_core.train.evaluate import build_task
 
     root = tmp_path_factory.mktemp("hostile")
     spec = root / "spec.toml"
@@ -80,7 +81,7 @@ def files(tmp_path_factory):
     table = resolved.train["task"]
     good = save_checkpoint(root / "run", 1, model=build_model(resolved), spec=resolved,
                            optimizer_state=({}, {}), rng={},
-                           meta={"task": task_meta(build_task(table, 16), table)})
+                           meta=CheckpointMeta(task=task_record(build_task(table, 16), table)))
 
     def forged(name: str) -> Path:
         d = root / name

@@ -46,6 +46,7 @@ def make_checkpoint(root: Path, spec: dict[str, Any], *, seed: int = 0,
     from atlas_core.model import build_model
     from atlas_core.spec import load_spec
     from atlas_core.train.checkpoint import save_checkpoint
+    from atlas_core.train.checkpoint_meta import CheckpointMeta
 
     resolved = load_spec(spec)
     torch.manual_seed(seed)
@@ -55,4 +56,4 @@ def make_checkpoint(root: Path, spec: dict[str, Any], *, seed: int = 0,
             p.add_(0.3 * torch.randn_like(p))
     task = {"use": "mqar", "params": {}} if text is None else {"use": "text", "params": {}, "text": text}
     return save_checkpoint(root / "run", 1, model=model, spec=resolved, optimizer_state=({}, {}),
-                           rng={}, meta={"task": task})
+                           rng={}, meta=CheckpointMeta(task=task))

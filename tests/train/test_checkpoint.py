@@ -37,7 +37,7 @@ def test_layout_and_manifest(run):
     files = json.loads((ckpt.path / "manifest.json").read_text())["files"]
     for name, entry in files.items():
         assert (ckpt.path / name).stat().st_size == entry["bytes"]
-    assert ckpt.meta["task"]["params"]["num_pairs"] == 2
+    assert ckpt.meta.task["params"]["num_pairs"] == 2
     assert set(ckpt.rng()) == {"rng/data", "rng/torch"}
     assert ckpt.rng()["rng/data"].dtype == torch.uint8
     assert load_checkpoint(ckpt.path / "model.safetensors").path == ckpt.path

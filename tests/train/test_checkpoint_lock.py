@@ -19,6 +19,7 @@ import time
 import pytest
 
 from atlas_core.train import checkpoint as ck
+from atlas_core.train.run_dir import pid_alive
 
 _HOLD = r"""
 import sys, time
@@ -54,7 +55,7 @@ def test_recovery_keeps_a_live_writers_directory(tmp_path):
     ck.recover_checkpoints(root)
     assert not live.exists()
     sleeper.wait()
-    assert not ck._pid_alive(sleeper_pid)
+    assert not pid_alive(sleeper_pid)
 
 
 def test_the_lock_holder_tidies_every_temporary_directory(tmp_path):

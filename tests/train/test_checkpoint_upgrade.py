@@ -13,6 +13,7 @@ import atlas_core as ac
 from atlas_core.spec import load_spec
 from atlas_core.spec.compat import content_hash, stated_changes
 from atlas_core.train.checkpoint import load_checkpoint, save_checkpoint
+from atlas_core.train.checkpoint_meta import CheckpointMeta
 from atlas_core.train.errors import CheckpointError
 
 SPEC = {"schema": "atlas/1", "name": "old", "model": {"arch": "core:lm", "vocab_size": 16, "d_model": 8,
@@ -44,7 +45,7 @@ def as_earlier_version(path, drop: str, keep_stored_hash: bool = False):
 def ckpt(tmp_path):
     spec = load_spec(SPEC)
     return save_checkpoint(tmp_path / "run", 0, model=ac.build_model(spec), spec=spec, optimizer_state=({}, {}),
-                           rng={}, meta={})
+                           rng={}, meta=CheckpointMeta())
 
 
 def test_a_field_added_later_takes_its_default(ckpt):

@@ -93,7 +93,7 @@ def test_steps_tokens_and_the_start_line_count_optimizer_steps(tmp_path, tiny_sp
     assert result["steps"] == 2
     assert [r["step"] for r in _train_records(out)] == [1, 2]
     ckpt = load_checkpoint(out)
-    assert ckpt.step == 2 and ckpt.meta["tokens_seen"] == 2 * 3 * 4 * 16  # steps x N x rows x T
+    assert ckpt.step == 2 and ckpt.meta.tokens_seen == 2 * 3 * 4 * 16  # steps x N x rows x T
     start = next(ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("train: run"))
     assert "2 steps of 3 x 4 x 16 tokens (3 micro-batches of 4 rows, gradients accumulated)" in start
 
@@ -116,7 +116,7 @@ def test_grad_accum_is_validated_and_set_by_the_flag(tmp_path, tiny_spec):
     assert r.exit_code == 0, r.output
     saved = (tmp_path / "r" / "spec.toml").read_text()
     assert "grad_accum = 2" in saved
-    assert load_checkpoint(tmp_path / "r").meta["tokens_seen"] == 2 * 4 * 16
+    assert load_checkpoint(tmp_path / "r").meta.tokens_seen == 2 * 4 * 16
 
 
 # -- two processes -----------------------------------------------------------------------------------

@@ -68,19 +68,91 @@ def test_atlas_train_resolves_its_spec_once(tmp_path, resolutions, extra):
     assert len(resolutions) == 1
 
 
-def test_a_resume_resolves_the_checkpoints_spec_once(tmp_path, resolutions):
-    """Resuming with --steps: the checkpoint's spec is resolved once (to verify it; the second
-    read of the checkpoint, for the weights, reuses it) and the override applied to it once."""
+@pytest.fixture
+def checkpoint_reads(monkeypatch):
+    """Every read of a checkpoint: its verified opening (`checked_load_checkpoint`'s checks) and
+    the parse of its ``meta.json`` (`load_checkpoint` does it once per opening)."""
+    from atlas_core.train import checkpoint_preflight
+    from atlas_core.train.checkpoint_meta import CheckpointMeta
+
+    calls = []
+    real_check = checkpoint_preflight.check_checkpoint_files
+    real_meta = CheckpointMeta.from_json.__func__
+
+    def check(path):
+        calls.append(("open", str(path)))
+        return real_check(path)
+
+    def meta(cls, data, source):
+        calls.append(("meta", str(source)))
+        return real_meta(cls, data, source)
+
+    monkeypatch.setattr(checkpoint_preflight, "check_checkpoint_files", check)
+    monkeypatch.setattr(CheckpointMeta, "from_json", classmethod(meta))
+    return calls
+
+
+def _trained_run(tmp_path, steps: int = 2):
     spec = tmp_path / "spec.toml"
     spec.write_text(dump_toml(TINY))
-    app = make_app(plugin_apps=False)
-    args = ["train", str(spec), "--steps", "2", "--out", str(tmp_path / "run"), "--no-progress"]
-    assert CliRunner().invoke(app, args, catch_exceptions=False).exit_code == 0
+    args = ["train", str(spec), "--steps", str(steps), "--out", str(tmp_path / "run"),
+            "--no-progress"]
+    assert CliRunner().invoke(make_app(plugin_apps=False), args,
+                              catch_exceptions=False).exit_code == 0
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("extra, resolved", [
+    ([], 1),  # --steps alone: [train] is validated again, the other tables are the checkpoint's
+    (["train.lr=1e-3"], 1),
+    (["name=renamed"], 2),  # an override outside [train]: the overridden spec is a new one
+])
+def test_a_resume_reads_the_checkpoint_and_resolves_its_spec_once(tmp_path, resolutions,
+                                                                  checkpoint_reads, extra, resolved):
+    """``atlas train --resume RUN --steps 3``: the run directory is read once (`launch.prepare`),
+    the checkpoint opened once and its stored spec resolved once, by the API's override and the
+    plan alike."""
+    run = _trained_run(tmp_path)
     resolutions.clear()
-    r = CliRunner().invoke(app, ["--format", "json", "train", "--resume", str(tmp_path / "run"),
-                                 "--steps", "3", "--no-progress"], catch_exceptions=False)
-    assert r.exit_code == 0 and json.loads(r.stdout)["steps"] == 3
-    assert len(resolutions) == 2
+    checkpoint_reads.clear()
+    r = CliRunner().invoke(make_app(plugin_apps=False),
+                           ["--format", "json", "train", "--resume", str(run), *extra,
+                            "--steps", "3", "--no-progress"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["steps"] == 3
+    assert [kind for kind, _ in checkpoint_reads] == ["open", "meta"]
+    assert len(resolutions) == resolved
+
+
+def test_a_resume_without_overrides_reads_the_checkpoint_once(tmp_path, resolutions,
+                                                             checkpoint_reads):
+    import atlas_core
+
+    run = _trained_run(tmp_path)
+    resolutions.clear()
+    checkpoint_reads.clear()
+    done = atlas_core.train(resume=run)  # the run is complete: nothing to train
+    assert done.result["complete"] is True
+    assert [kind for kind, _ in checkpoint_reads] == ["open", "meta"]
+    assert len(resolutions) == 1
+
+
+def test_restarting_an_unsaved_run_resolves_its_spec_once(tmp_path, resolutions,
+                                                          checkpoint_reads):
+    """A run stopped before its first checkpoint (a metrics log without its end marker): the
+    resume resolves the run's spec.toml once, and there is no checkpoint to read."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.toml").write_text(dump_toml(TINY))
+    (run / "metrics.jsonl").write_text('{"kind": "run", "event": "start"}\n')
+    r = CliRunner().invoke(make_app(plugin_apps=False),
+                           ["--format", "json", "train", "--resume", str(run), "--steps", "1",
+                            "--no-progress"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "starting it again from step 0" in r.stderr
+    assert json.loads(r.stdout)["steps"] == 1
+    assert checkpoint_reads == []
+    assert len(resolutions) == 1
 
 
 def test_a_spec_object_is_trained_as_it_is(tmp_path, resolutions):
