@@ -27,15 +27,17 @@ def _human(data: dict[str, Any]) -> None:
 
     con = out_console()
     lengths = sorted({int(k.split("_")[1]) for r in data["rows"] for k in r if k.startswith("prefill_")})
-    table = Table(title=f"{data['machine']['cpu']}, {data['machine']['threads']} threads; read bandwidth "
-                        f"{data['machine']['read_gbs']:.1f} GB/s")
+    m = data["machine"]
+    end = f" at the start, {m['read_gbs_end']:.1f} at the end" if m.get("read_gbs_end") else ""
+    table = Table(title=f"{m['cpu']}, {m['threads']} threads; read bandwidth {m['read_gbs']:.1f} GB/s{end}")
     for col in ["config", "dtype", "engine", "decode tok/s", "GB/s", *[f"prefill {n} tok/s" for n in lengths],
-                "peak RSS GiB", "weights GiB"]:
+                "decode peak RSS GiB", "peak RSS GiB", "weights GiB"]:
         table.add_column(col)
     for r in data["rows"]:
         cells = [r["config"], r["dtype"], r["engine"] + ("" if r.get("equivalent", True) else " (logits differ)"),
                  f"{r.get('decode_tok_s', 0):.2f}", f"{r['decode_gbs']:.1f}" if r.get("decode_gbs") else "",
                  *[f"{r[f'prefill_{n}_tok_s']:.1f}" if r.get(f"prefill_{n}_tok_s") else "" for n in lengths],
+                 f"{r['decode_peak_rss_gib']:.2f}" if r.get("decode_peak_rss_gib") else "",
                  f"{r['peak_rss_gib']:.2f}" if r.get("peak_rss_gib") else "",
                  f"{r['weights_gib']:.2f}" if r.get("weights_gib") else ""]
         table.add_row(*cells)

@@ -179,6 +179,11 @@ def run(configs: list[str], dtypes: list[str], *, prefill: list[int], decode: in
                         row = measure(engine, src, dtype, prefill=prefill, decode=decode, threads=threads,
                                       logits_out=keep)
                     row.update(config=name, dtype=dtype, engine=engine)
+                    if engine == "llama.cpp":  # the same weights: the bytes a token reads as atlas counts them
+                        same = [r for r in rows if r["config"] == name and r["dtype"] == dtype
+                                and r.get("weight_bytes_per_token")]
+                        if same:
+                            row["weight_bytes_per_token"] = same[0]["weight_bytes_per_token"]
                     if row.get("decode_tok_s") and row.get("weight_bytes_per_token"):
                         row["decode_gbs"] = row["decode_tok_s"] * row["weight_bytes_per_token"] / 1e9
                     rows.append(row)
@@ -190,7 +195,9 @@ def run(configs: list[str], dtypes: list[str], *, prefill: list[int], decode: in
     bad = {c["config"] for c in checks if not c["ok"]}
     for row in rows:
         row["equivalent"] = row["config"] not in bad
-    return {"machine": {"read_gbs": bw, "threads": threads, "torch": torch.__version__,
+    bw_end = bandwidth_gbs()
+    log(f"read bandwidth at the end: {bw_end:.1f} GB/s")
+    return {"machine": {"read_gbs": bw, "read_gbs_end": bw_end, "threads": threads, "torch": torch.__version__,
                         "cpu": cpu_name()}, "rows": rows, "equivalence": checks}
 
 
@@ -221,6 +228,8 @@ def _line(row: dict[str, Any]) -> str:
                     if k.startswith("prefill_") and v)
     gbs = f" ({row['decode_gbs']:.1f} GB/s)" if row.get("decode_gbs") else ""
     rss = f", peak RSS {row['peak_rss_gib']:.2f} GiB" if row.get("peak_rss_gib") else ""
+    if row.get("decode_peak_rss_gib"):
+        rss += f" (decode alone {row['decode_peak_rss_gib']:.2f} GiB)"
     return (f"  {row['config']} {row['dtype']} {row['engine']}: decode {row.get('decode_tok_s', 0):.2f} "
             f"tok/s{gbs}, {pre}{rss}")
 

@@ -4,7 +4,8 @@ peak resident memory (``ru_maxrss``) is its own.
 
 Jobs: ``make_hf`` (transformers' Qwen3.5 with random weights, saved), ``make_fla_shape`` (an fla
 family's default shape as atlas maps it, random weights, saved as an atlas run), ``measure``
-(``engine`` atlas or transformers: load in ``dtype``, prefill each length, decode ``decode`` tokens).
+(``engine`` atlas or transformers: load in ``dtype``, decode ``decode`` tokens after a 16-token
+prompt (``decode_peak_rss_gib``: the peak so far), then prefill each length (``peak_rss_gib``).
 """
 
 from __future__ import annotations
@@ -104,13 +105,6 @@ def measure_atlas(job: dict[str, Any]) -> dict[str, Any]:
         ids = torch.randint(0, vocab, (32,), generator=gen)
         dec = Decoder(model, max_len=64)
         torch.save(dec.prefill([ids])[0].float(), job["logits_out"])
-    for n in job["prefill"]:
-        ids = torch.randint(0, vocab, (n,), generator=gen)
-        dec = Decoder(model, max_len=n + 8)
-        t = time.perf_counter()
-        dec.prefill([ids])
-        out[f"prefill_{n}_tok_s"] = n / (time.perf_counter() - t)
-        del dec
     dec = Decoder(model, max_len=64 + job["decode"])
     logits = dec.prefill([torch.randint(0, vocab, (16,), generator=gen)])
     nxt = logits.argmax(-1)
@@ -120,6 +114,15 @@ def measure_atlas(job: dict[str, Any]) -> dict[str, Any]:
     for _ in range(job["decode"]):
         nxt = dec.step(nxt).argmax(-1)
     out["decode_tok_s"] = job["decode"] / (time.perf_counter() - t)
+    out["decode_peak_rss_gib"] = _peak_gib()  # before any long prefill: what a decode needs
+    del dec
+    for n in job["prefill"]:
+        ids = torch.randint(0, vocab, (n,), generator=gen)
+        dec = Decoder(model, max_len=n + 8)
+        t = time.perf_counter()
+        dec.prefill([ids])
+        out[f"prefill_{n}_tok_s"] = n / (time.perf_counter() - t)
+        del dec
     out["peak_rss_gib"] = _peak_gib()
     out["weights_gib"] = out["weight_bytes_per_token"] / (1 << 30)
     return out
@@ -145,11 +148,6 @@ def measure_transformers(job: dict[str, Any]) -> dict[str, Any]:
         if job.get("logits_out"):
             ids = torch.randint(0, vocab, (1, 32), generator=gen)
             torch.save(model(ids).logits[0, -1].float(), job["logits_out"])
-        for n in job["prefill"]:
-            ids = torch.randint(0, vocab, (1, n), generator=gen)
-            t = time.perf_counter()
-            model(ids, logits_to_keep=1)
-            out[f"prefill_{n}_tok_s"] = n / (time.perf_counter() - t)
         prompt = torch.randint(0, vocab, (1, 16), generator=gen)
         greedy = dict(do_sample=False, pad_token_id=0)
         model.generate(prompt, max_new_tokens=3, min_new_tokens=3, **greedy)  # warm-up
@@ -160,6 +158,12 @@ def measure_transformers(job: dict[str, Any]) -> dict[str, Any]:
         t = time.perf_counter()
         model.generate(prompt, max_new_tokens=n + 1, min_new_tokens=n + 1, **greedy)
         out["decode_tok_s"] = n / (time.perf_counter() - t - first)
+        out["decode_peak_rss_gib"] = _peak_gib()
+        for n in job["prefill"]:
+            ids = torch.randint(0, vocab, (1, n), generator=gen)
+            t = time.perf_counter()
+            model(ids, logits_to_keep=1)
+            out[f"prefill_{n}_tok_s"] = n / (time.perf_counter() - t)
     out["peak_rss_gib"] = _peak_gib()
     out["weights_gib"] = out["weight_bytes_per_token"] / (1 << 30)
     return out
