@@ -138,7 +138,8 @@ class MemoryStep:
         step = err if theta is None else err * theta[..., None]
         if alpha is not None and self.retention == "after":
             M.mul_(alpha[..., None, None])
-        M.sub_(step[..., :, None] * k[..., None, :])
+        BH = M.shape[0] * M.shape[1]
+        M.view(BH, self.Dv, self.Dk).baddbmm_(step.reshape(BH, self.Dv, 1), k.reshape(BH, 1, self.Dk), alpha=-1)
         if not self.read_before:
             y = (M @ q[..., None])[..., 0]
         y = y.to(x.dtype)
