@@ -119,7 +119,8 @@ def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Is
 GateForm = Literal["declared", "no_bias", "mamba2", "gla"]
 OutputGate = Literal["none", "sigmoid", "silu"]
 
-#: The core's values of the options a preset may declare (`LayerParams` fields left at None).
+#: The core's values of the options a preset may declare (`LayerParams`' defaults; a spec that
+#: leaves one unset, or None, takes the preset's value: `with_preset_defaults`).
 CORE_LAYER_DEFAULTS = {"output_gate": "sigmoid", "output_gate_bias": True, "conv_init": "identity",
                        "q_scale": 1.0}
 #: Mamba-2's initialisation of the decay (Gated DeltaNet, KDA): A ~ U(0, 16), dt ~ logU(1e-3, 0.1).
@@ -133,22 +134,22 @@ class LayerParams(Params):
     d_value: int | None = size_field(None, "width", ge=1, description="per-head value size (default d_key)")
     conv_size: int = size_field(4, "kernel", ge=0, description="short causal depthwise conv kernel; 0 or 1 disables")
     conv_init: Literal["identity", "normal"] | None = Field(
-        None, description="short-conv initial weights: 'identity' (last tap 1, plus N(0, 0.02) noise) or "
-        "'normal' (N(0, 0.02), fla's); None: the preset's, else 'identity'")
+        "identity", description="short-conv initial weights: 'identity' (last tap 1, plus N(0, 0.02) noise) or "
+        "'normal' (N(0, 0.02), fla's); unset: the preset's, else 'identity'")
     qkv_activation: Literal["silu", "none"] = "silu"
     qk_norm: bool = Field(True, description="l2-normalise q and k per head")
     qk_norm_eps: float = Field(0.0, ge=0, description="0: q / max(|q|, 1e-12); > 0: q / sqrt(|q|^2 + eps) "
                                "(fla's l2norm, eps 1e-6)")
     q_scale: float | Literal["rsqrt_d_key"] | None = Field(
-        None, description="multiply q (after its norm) by this; 'rsqrt_d_key' = 1/sqrt(d_key) (fla's "
-        "kernels' default scale); None: the preset's, else 1")
+        1.0, description="multiply q (after its norm) by this; 'rsqrt_d_key' = 1/sqrt(d_key) (fla's "
+        "kernels' default scale); unset: the preset's, else 1")
     output_norm: bool = Field(True, description="RMS-normalise each head's output")
     output_norm_eps: float = Field(1e-6, gt=0, description="epsilon of the output RMS norm")
     output_gate: bool | OutputGate | None = Field(
-        None, description="output gate y * act(W_o x + b_o): 'sigmoid' (true), 'silu' (with "
-        "output_norm: fla's gated RMSNorm), 'none' (false); None: the preset's, else 'sigmoid'")
-    output_gate_bias: bool | None = Field(None, description="the output gate's projection has a bias "
-                                          "(None: the preset's, else true)")
+        "sigmoid", description="output gate y * act(W_o x + b_o): 'sigmoid' (true), 'silu' (with "
+        "output_norm: fla's gated RMSNorm), 'none' (false); unset: the preset's, else 'sigmoid'")
+    output_gate_bias: bool | None = Field(True, description="the output gate's projection has a bias "
+                                          "(unset: the preset's, else true)")
     gate_bias: dict[str, float] = Field(
         default_factory=dict, description="initial bias of each gate's projection, by gate name "
         "(default: the preset's, else the gate's declared bias; alpha 3.0, eta 2.0, theta -4.6, gamma 3.0)")
@@ -190,14 +191,15 @@ def value_head_issues(value_heads: int | None, heads: int, path: str = "layer.va
 PRESET_LAYER_FIELDS = (*CORE_LAYER_DEFAULTS, "gate_bias", "gate_form")
 
 
-def with_preset_defaults(layer: dict, declared: dict) -> dict:
+def with_preset_defaults(layer: dict, declared: dict, written: Any = None) -> dict:
     """A validated ``[layer]`` table with the preset's declared defaults resolved into it (what
-    `atlas_core.spec.resolve_spec` writes): a field left at None takes the preset's value, else
-    the core's; ``gate_bias`` and ``gate_form`` merge key by key (the table's over the preset's).
-    A value the table states is kept as written (``output_gate = true`` stays true)."""
-    out = dict(layer)
+    `atlas_core.spec.resolve_spec` writes): a field the table as ``written`` leaves unset (or
+    None) takes the preset's value, else the core's; ``gate_bias`` and ``gate_form`` merge key by
+    key (the table's over the preset's). A stated value is kept as written (``output_gate = true``
+    stays true)."""
+    out, written = dict(layer), written or {}
     for key, core in CORE_LAYER_DEFAULTS.items():
-        if out.get(key) is None:
+        if written.get(key) is None:
             out[key] = declared.get(key, core)
     for key in ("gate_bias", "gate_form"):
         out[key] = {**declared.get(key, {}), **(out.get(key) or {})}
@@ -493,6 +495,10 @@ class MemoryPlan:
 
     def __init__(self, rule: nn.Module, strategy: Any, registry: Any) -> None:
         self.rule, self.strategy, self.registry = rule, strategy, registry
+        # a rule that makes tensors when built (a learned feature map's coefficients) made them
+        # on this device and in this dtype: a build under others (the meta device) builds anew
+        self.holds_tensors = any(True for _ in rule.parameters()) or any(True for _ in rule.buffers())
+        self.made_on = (torch.empty(()).device, torch.get_default_dtype())
 
     def __deepcopy__(self, memo):  # read only: a copy of the spec shares it
         return self
@@ -501,12 +507,14 @@ class MemoryPlan:
         return (_no_plan, ())
 
     def serves(self, registry: Any) -> bool:
-        """Whether this plan was made with ``registry`` (None: the process-wide registry)."""
+        """Whether this plan was made with ``registry`` (None: the process-wide registry) and,
+        for a rule holding tensors, on the default device and in the default dtype of now."""
         if registry is None:
             from .host.manager import get_registry
 
             registry = get_registry()
-        return registry is self.registry
+        here = (torch.empty(()).device, torch.get_default_dtype())
+        return registry is self.registry and (not self.holds_tensors or here == self.made_on)
 
     def rule_copy(self) -> nn.Module:
         """A fresh copy of the rule for one layer, sharing the checked strategy object (its
@@ -534,7 +542,7 @@ def memory_plan(memory: dict, registry: Any) -> MemoryPlan:
 class MemoryRecipe:
     """What every memory layer of one model is built from, read from the resolved spec once per
     model: the validated ``[layer]`` params and the `MemoryPlan` of ``[memory]`` (the resolution's,
-    when the spec carries one for this registry; else made once, here). Each layer gets its own
+    when the spec carries one that serves this build; else made once, here). Each layer gets its own
     copy of the plan's rule, bound to its sizes, and the shared strategy object."""
 
     def __init__(self, spec: Any, registry: Any = None) -> None:

@@ -13,8 +13,7 @@ name       a string (default: the file's stem, or ``"unnamed"``)
 [layer]    validated by `atlas_core.layer.LayerParams` (kept as written if that module is absent);
            the fields a preset may declare (``output_gate``, ``output_gate_bias``,
            ``conv_init``, ``q_scale``, ``gate_bias``, ``gate_form``) are resolved to the
-           preset's value, else the core's (`atlas_core.layer.with_preset_defaults`), for a
-           rule a memory layer feeds (one taking q, k, v; not the MRU, which brings its own); a
+           preset's value, else the core's (`atlas_core.layer.with_preset_defaults`); a
            ``gate_bias`` key other than the core gates' must be a gate the rule declares, a
            ``gate_form`` key one it declares (with a form its range allows)
 [train]    validated by ``atlas_core.train.params:TrainParams`` when that module exists; until a
@@ -143,17 +142,14 @@ def _preset_layer(memory: Mapping[str, Any], reg: Registry) -> dict:
     return dict(comp.extra.get("layer", {})) if "preset" in comp.capabilities else {}
 
 
-def _with_preset_layer(layer_r: dict | None, memory_r: Mapping[str, Any] | None, plan: Any,
+def _with_preset_layer(layer_r: dict | None, written: Any, memory_r: Mapping[str, Any] | None,
                        reg: Registry) -> dict | None:
     """``[layer]`` with the preset's declared defaults, else the core's, resolved into it
-    (`atlas_core.layer.with_preset_defaults`), for a rule a memory layer feeds (one that takes
-    q, k, v; a rule that brings its own layer, as the MRU, keeps the table as written)."""
+    (`atlas_core.layer.with_preset_defaults`; ``written``: the table as the spec writes it)."""
     fill = _optional("atlas_core.layer", "with_preset_defaults")
     if layer_r is None or memory_r is None or fill is None:
         return layer_r
-    if plan is not None and not plan.rule.takes_qkv:
-        return layer_r
-    return fill(layer_r, _preset_layer(memory_r, reg))
+    return fill(layer_r, _preset_layer(memory_r, reg), written)
 
 
 def _value_head_issues(layer: Any, model: Any) -> list[Issue]:
@@ -208,7 +204,7 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
         memory_r, plan = resolve_memory_plan(data["memory"], reg, issues)
     layer = _table(data, "layer", issues, required=False)
     layer_r = resolve_layer(layer, issues) if layer is not None or "layer" not in data else None
-    layer_r = _with_preset_layer(layer_r, memory_r, plan, reg)
+    layer_r = _with_preset_layer(layer_r, layer, memory_r, reg)
     if plan is not None:  # keys, even when a value is bad: the written ones and the preset's
         issues.extend(_gate_issues({**(layer or {}), **(layer_r or {})}, plan.rule))
     issues.extend(_value_head_issues(layer_r, model_r))

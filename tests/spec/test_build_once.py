@@ -121,8 +121,7 @@ def test_resolve_show_resolve_keeps_the_spec_and_its_hash(path):
     again = load_spec(spec.to_toml())  # what `atlas spec show` prints, resolved again
     assert again == spec and again.spec_hash == spec.spec_hash
     assert load_spec(json.loads(json.dumps(spec.to_dict()))).spec_hash == spec.spec_hash
-    if "mru" not in spec.memory.get("use", ""):  # a rule a memory layer feeds: every value shown
-        assert all(spec.layer[key] is not None for key in PRESET_FIELDS)
+    assert all(spec.layer[key] is not None for key in PRESET_FIELDS)  # every value shown
 
 
 def test_the_preset_layer_defaults_are_in_the_resolved_spec():
@@ -147,6 +146,16 @@ def test_an_export_stating_none_for_a_layer_default_loads():
     stored["layer"].update({key: None for key in PRESET_FIELDS})
     config = AtlasConfig(atlas_spec=stored, atlas_spec_hash=content_hash(stored))
     assert config.spec() == spec
+
+
+def test_a_rule_holding_tensors_is_built_anew_on_another_device():
+    """A learned feature map's coefficients are made when the rule is built: a build on the meta
+    device does not copy the resolution's (CPU) rule."""
+    spec = load_spec(EXAMPLES[0])
+    assert spec.memory_plan.holds_tensors
+    with torch.device("meta"):
+        model = ac.build_model(spec)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
 
 
 def test_a_copied_spec_shares_its_plan_and_a_pickled_one_builds_the_same_model():
