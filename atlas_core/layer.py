@@ -41,7 +41,15 @@ Layer options that published layers differ in (docs/zoo.md, "Layer options"): ``
 size is its output's) and ``rotary`` (RoPE on q and k after the feature map, the position
 carried in the state as ``"pos"``), both in `atlas_core.layer_qk`; ``q_scale`` comes after them.
 A preset may declare defaults for them (``layer`` in its registration, like a knob declares its
-gates): a field left at None takes the preset's value, else the core's.
+gates): resolving a spec writes them into its ``[layer]`` (`with_preset_defaults`: a field left at
+None takes the preset's value, else the core's), and the layer reads its params only (a field
+still None, in params built by hand: the core's value).
+
+Building from a spec: `MemoryRecipe` is the one reader of the resolved ``[memory]`` and ``[layer]``
+tables (`MemoryLayer.from_spec` and every model's blocks use it). It takes the rule and the
+strategy the spec's resolution built and checked (`MemoryPlan`), or builds and checks them once
+itself, and gives each layer a copy of that rule: the strategy decision is made once per memory
+spec and building a layer makes no registry look-up and no ``supports()`` call.
 
 Grouped value heads (``value_heads = Hv``, a positive multiple of ``heads = H``; None: ``Hv = H``,
 today's layer, the same parameters and outputs): as Qwen3.5's ``linear_num_value_heads`` over
@@ -74,6 +82,7 @@ entry holds one row per document.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Literal
 
@@ -110,7 +119,8 @@ def gate_bias_issues(gate_bias, gates, path: str = "layer.gate_bias") -> list[Is
 GateForm = Literal["declared", "no_bias", "mamba2", "gla"]
 OutputGate = Literal["none", "sigmoid", "silu"]
 
-#: The core's values of the options a preset may declare (`LayerParams` fields left at None).
+#: The core's values of the options a preset may declare (`LayerParams`' defaults; a spec that
+#: leaves one unset, or None, takes the preset's value: `with_preset_defaults`).
 CORE_LAYER_DEFAULTS = {"output_gate": "sigmoid", "output_gate_bias": True, "conv_init": "identity",
                        "q_scale": 1.0}
 #: Mamba-2's initialisation of the decay (Gated DeltaNet, KDA): A ~ U(0, 16), dt ~ logU(1e-3, 0.1).
@@ -124,22 +134,22 @@ class LayerParams(Params):
     d_value: int | None = size_field(None, "width", ge=1, description="per-head value size (default d_key)")
     conv_size: int = size_field(4, "kernel", ge=0, description="short causal depthwise conv kernel; 0 or 1 disables")
     conv_init: Literal["identity", "normal"] | None = Field(
-        None, description="short-conv initial weights: 'identity' (last tap 1, plus N(0, 0.02) noise) or "
-        "'normal' (N(0, 0.02), fla's); None: the preset's, else 'identity'")
+        "identity", description="short-conv initial weights: 'identity' (last tap 1, plus N(0, 0.02) noise) or "
+        "'normal' (N(0, 0.02), fla's); unset: the preset's, else 'identity'")
     qkv_activation: Literal["silu", "none"] = "silu"
     qk_norm: bool = Field(True, description="l2-normalise q and k per head")
     qk_norm_eps: float = Field(0.0, ge=0, description="0: q / max(|q|, 1e-12); > 0: q / sqrt(|q|^2 + eps) "
                                "(fla's l2norm, eps 1e-6)")
     q_scale: float | Literal["rsqrt_d_key"] | None = Field(
-        None, description="multiply q (after its norm) by this; 'rsqrt_d_key' = 1/sqrt(d_key) (fla's "
-        "kernels' default scale); None: the preset's, else 1")
+        1.0, description="multiply q (after its norm) by this; 'rsqrt_d_key' = 1/sqrt(d_key) (fla's "
+        "kernels' default scale); unset: the preset's, else 1")
     output_norm: bool = Field(True, description="RMS-normalise each head's output")
     output_norm_eps: float = Field(1e-6, gt=0, description="epsilon of the output RMS norm")
     output_gate: bool | OutputGate | None = Field(
-        None, description="output gate y * act(W_o x + b_o): 'sigmoid' (true), 'silu' (with "
-        "output_norm: fla's gated RMSNorm), 'none' (false); None: the preset's, else 'sigmoid'")
-    output_gate_bias: bool | None = Field(None, description="the output gate's projection has a bias "
-                                          "(None: the preset's, else true)")
+        "sigmoid", description="output gate y * act(W_o x + b_o): 'sigmoid' (true), 'silu' (with "
+        "output_norm: fla's gated RMSNorm), 'none' (false); unset: the preset's, else 'sigmoid'")
+    output_gate_bias: bool | None = Field(True, description="the output gate's projection has a bias "
+                                          "(unset: the preset's, else true)")
     gate_bias: dict[str, float] = Field(
         default_factory=dict, description="initial bias of each gate's projection, by gate name "
         "(default: the preset's, else the gate's declared bias; alpha 3.0, eta 2.0, theta -4.6, gamma 3.0)")
@@ -177,31 +187,34 @@ def value_head_issues(value_heads: int | None, heads: int, path: str = "layer.va
                   "head per query/key head)")]
 
 
-def preset_layer_defaults(rule, registry=None) -> dict:
-    """The ``[layer]`` defaults the rule's preset declares (``layer=`` in `add_preset`), or {}."""
-    name = (getattr(rule, "spec", None) or {}).get("use")
-    if not name:
-        return {}
-    from .rule_build import _registry
-
-    try:
-        comp = _registry(registry).get("rule", name)
-    except Exception:  # noqa: BLE001 - a rule built outside a registry declares nothing
-        return {}
-    return dict(comp.extra.get("layer", {})) if "preset" in comp.capabilities else {}
+#: The `LayerParams` fields a preset may declare a default for (``layer=`` in `add_preset`).
+PRESET_LAYER_FIELDS = (*CORE_LAYER_DEFAULTS, "gate_bias", "gate_form")
 
 
-def effective_options(p: LayerParams, declared: dict) -> dict:
-    """The options the layer runs with: the spec's value, else the preset's, else the core's;
-    ``gate_bias`` and ``gate_form`` merge key by key (the spec's over the preset's)."""
-    out = {}
+def with_preset_defaults(layer: dict, declared: dict, written: Any = None) -> dict:
+    """A validated ``[layer]`` table with the preset's declared defaults resolved into it (what
+    `atlas_core.spec.resolve_spec` writes): a field the table as ``written`` leaves unset (or
+    None) takes the preset's value, else the core's; ``gate_bias`` and ``gate_form`` merge key by
+    key (the table's over the preset's). A stated value is kept as written (``output_gate = true``
+    stays true)."""
+    out, written = dict(layer), written or {}
     for key, core in CORE_LAYER_DEFAULTS.items():
-        value = getattr(p, key)
-        out[key] = value if value is not None else declared.get(key, core)
+        if written.get(key) is None:
+            out[key] = declared.get(key, core)
+    for key in ("gate_bias", "gate_form"):
+        out[key] = {**declared.get(key, {}), **(out.get(key) or {})}
+    return out
+
+
+def effective_options(p: LayerParams) -> dict:
+    """The options the layer runs with: the params' value, else the core's (a resolved spec's
+    ``[layer]`` holds the preset's already: `with_preset_defaults`); ``output_gate`` as a kind
+    (true: "sigmoid", false: "none")."""
+    out = {key: getattr(p, key) if getattr(p, key) is not None else core
+           for key, core in CORE_LAYER_DEFAULTS.items()}
     gate = out["output_gate"]
     out["output_gate"] = {True: "sigmoid", False: "none"}.get(gate, gate) if isinstance(gate, bool) else gate
-    for key in ("gate_bias", "gate_form"):
-        out[key] = {**declared.get(key, {}), **getattr(p, key)}
+    out["gate_bias"], out["gate_form"] = dict(p.gate_bias), dict(p.gate_form)
     return out
 
 
@@ -312,7 +325,7 @@ class MemoryLayer(nn.Module):
         elif p.qk_feature_map != "none":
             self.q_map = QKFeatureMap(p.qk_feature_map, self.d_key)
         self.v_proj = nn.Linear(d_model, n * Hv * Dv, bias=False)
-        self.options = opts = effective_options(p, preset_layer_defaults(rule, registry))
+        self.options = opts = effective_options(p)
         q_scale = opts["q_scale"]
         self.q_scale = float(Dk) ** -0.5 if q_scale == "rsqrt_d_key" else float(q_scale)
         self.use_conv = p.conv_size > 1
@@ -384,15 +397,8 @@ class MemoryLayer(nn.Module):
 
     @classmethod
     def from_spec(cls, spec, *, d_model: int, heads: int, registry=None) -> "MemoryLayer":
-        """Build from a resolved spec's ``[memory]`` and ``[layer]`` tables."""
-        from .rule import build_rule
-
-        memory = dict(spec.memory if hasattr(spec, "memory") else spec["memory"])
-        layer = spec.layer if hasattr(spec, "layer") else spec.get("layer", {})
-        params = layer if isinstance(layer, LayerParams) else LayerParams.model_validate(layer or {})
-        strategy = memory.get("parallel", "auto")
-        rule = build_rule(memory, registry=registry, path="memory")
-        return cls(d_model, heads, rule, params, strategy=strategy, registry=registry)
+        """Build from a resolved spec's ``[memory]`` and ``[layer]`` tables (`MemoryRecipe`)."""
+        return MemoryRecipe(spec, registry).layer(d_model, heads)
 
     def gates(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every declared gate from ``x: [B, T, d_model]``: ``[B, T, Hv]`` per head, ``[B, T, Hv, Dk]``
@@ -478,3 +484,90 @@ class MemoryLayer(nn.Module):
     def extra_repr(self) -> str:
         grouped = f", value_heads={self.value_heads}" if self.groups > 1 else ""
         return f"d_model={self.d_model}, heads={self.heads}{grouped}, d_key={self.d_key}, d_value={self.d_value}"
+
+
+class MemoryPlan:
+    """What resolving ``[memory]`` built, kept with the resolved spec for its build: the rule
+    (unbound, its strategy resolved and checked once: ``rule.runner(value)`` is cached) and that
+    strategy object, for the registry they were looked up in. Not part of the spec's content: a
+    copied spec shares it, a pickled one drops it (the build then makes it again from the
+    tables)."""
+
+    def __init__(self, rule: nn.Module, strategy: Any, registry: Any) -> None:
+        self.rule, self.strategy, self.registry = rule, strategy, registry
+        # a rule that makes tensors when built (a learned feature map's coefficients) made them
+        # on this device and in this dtype: a build under others (the meta device) builds anew
+        self.holds_tensors = any(True for _ in rule.parameters()) or any(True for _ in rule.buffers())
+        self.made_on = (torch.empty(()).device, torch.get_default_dtype())
+
+    def __deepcopy__(self, memo):  # read only: a copy of the spec shares it
+        return self
+
+    def __reduce__(self):  # the rule and the bound strategy stay in this process
+        return (_no_plan, ())
+
+    def serves(self, registry: Any) -> bool:
+        """Whether this plan was made with ``registry`` (None: the process-wide registry) and,
+        for a rule holding tensors, on the default device and in the default dtype of now."""
+        if registry is None:
+            from .host.manager import get_registry
+
+            registry = get_registry()
+        here = (torch.empty(()).device, torch.get_default_dtype())
+        return registry is self.registry and (not self.holds_tensors or here == self.made_on)
+
+    def rule_copy(self) -> nn.Module:
+        """A fresh copy of the rule for one layer, sharing the checked strategy object (its
+        runner cache then answers the layer's ``rule.runner(strategy)`` without a check)."""
+        return copy.deepcopy(self.rule, {id(self.strategy): self.strategy})
+
+
+def _no_plan():
+    return None
+
+
+def memory_plan(memory: dict, registry: Any) -> MemoryPlan:
+    """Build the rule of a ``[memory]`` table and resolve its ``parallel`` value (absent:
+    ``"auto"``) once: the strategy checked (``supports()``) and bound. Raises `SpecError` or
+    `atlas_core.errors.StrategyError` with the reason."""
+    from .host.manager import get_registry
+    from .rule import build_rule
+
+    reg = registry if registry is not None else get_registry()
+    rule = build_rule(memory, registry=reg, path="memory")
+    strategy = rule.runner(memory.get("parallel", "auto"), reg)
+    return MemoryPlan(rule, strategy, reg)
+
+
+class MemoryRecipe:
+    """What every memory layer of one model is built from, read from the resolved spec once per
+    model: the validated ``[layer]`` params and the `MemoryPlan` of ``[memory]`` (the resolution's,
+    when the spec carries one that serves this build; else made once, here). Each layer gets its own
+    copy of the plan's rule, bound to its sizes, and the shared strategy object."""
+
+    def __init__(self, spec: Any, registry: Any = None) -> None:
+        self.spec, self.registry = spec, registry
+        self.params: LayerParams | None = None  # read when the first layer is built
+        self.plan: MemoryPlan | None = None
+
+    @property
+    def strategy(self) -> Any:
+        return self.plan.strategy if self.plan is not None else None
+
+    def _read(self) -> None:
+        spec = self.spec
+        layer = spec.layer if hasattr(spec, "layer") else spec.get("layer", {})
+        self.params = layer if isinstance(layer, LayerParams) else LayerParams.model_validate(layer or {})
+        plan = getattr(spec, "memory_plan", None)
+        if plan is None or not plan.serves(self.registry):
+            memory = dict(spec.memory if hasattr(spec, "memory") else spec["memory"])
+            plan = memory_plan(memory, self.registry)
+        self.plan = plan
+
+    def layer(self, d_model: int, heads: int) -> "MemoryLayer":
+        """One `MemoryLayer`: its own rule (bound to its sizes), the shared strategy object."""
+        if self.plan is None:
+            self._read()
+        plan = self.plan
+        return MemoryLayer(d_model, heads, plan.rule_copy(), self.params, strategy=plan.strategy,
+                           registry=plan.registry)

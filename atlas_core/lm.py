@@ -44,6 +44,7 @@ from torch import nn
 from .attention import AttentionParams
 from .errors import Issue, SpecError
 from .host.registry import Params
+from .layer import MemoryRecipe
 from .model import MemoryLM
 from .mlp import SwiGLU
 from .moe import MoEParams
@@ -193,38 +194,6 @@ def normal_init(model: nn.Module, std: float) -> None:
                 m.weight.normal_(0.0, std)
             if isinstance(m, nn.Linear) and m.bias is not None and id(m.bias) not in keep:
                 m.bias.zero_()
-
-
-class MemoryRecipe:
-    """What every memory layer of one model is built from, read from the resolved spec once per
-    model: the ``[memory]`` table, the validated ``[layer]`` params and the strategy object (built,
-    its params validated, once; each layer's rule then only checks that it ``supports()`` it)."""
-
-    def __init__(self, spec: Any, registry: Any = None) -> None:
-        self.spec, self.registry = spec, registry
-        self.memory: dict[str, Any] | None = None  # read when the first layer is built
-        self.params: Any = None
-        self.strategy: Any = None
-
-    def layer(self, d_model: int, heads: int):
-        """One `MemoryLayer`: its own rule (bound to its sizes), the shared strategy object."""
-        from .layer import LayerParams, MemoryLayer
-        from .rule import build_rule
-        from .strategies.base import build_strategy
-        from .strategies.trust import is_auto
-
-        spec, first = self.spec, self.memory is None
-        if first:
-            memory = dict(spec.memory if hasattr(spec, "memory") else spec["memory"])
-            layer = spec.layer if hasattr(spec, "layer") else spec.get("layer", {})
-            self.params = layer if isinstance(layer, LayerParams) else LayerParams.model_validate(layer or {})
-            self.memory = memory
-        rule = build_rule(self.memory, registry=self.registry, path="memory")
-        if first:  # "auto" is left to each rule (it picks the same strategy for every layer)
-            value = self.memory.get("parallel", "auto")
-            self.strategy = value if is_auto(value) else build_strategy(value, self.registry)
-        return MemoryLayer(d_model, heads, rule, self.params, strategy=self.strategy,
-                           registry=self.registry)
 
 
 def build_memory_layer(spec: Any, d_model: int, heads: int, *, arch: str = "core:lm", read_only: bool = False,

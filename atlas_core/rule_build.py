@@ -14,6 +14,12 @@ from .composed_rule import KNOB_DEFAULTS, KNOB_KINDS, RULE_KEYS, ComposedRule, c
 from .rule_base import Rule
 
 
+#: The strategy a knob-composed rule runs with when neither the call nor its spec names one:
+#: "auto", as a model built from a spec (the reference loop is ``parallel="core:sequential"``
+#: in the spec, or ``strategy="core:sequential"`` in the call).
+DEFAULT_STRATEGY = "auto"
+
+
 # -- building -----------------------------------------------------------------------------------
 def _registry(registry=None):
     if registry is not None:
@@ -39,6 +45,11 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
     ``{"use": "ns:name", **params}``; missing knobs take the core defaults), or
     ``{"use": "ns:preset", <knob overrides>}``, or ``{"use": "ns:standalone_rule", **params}``.
     Every problem is collected into one `SpecError`.
+
+    ``spec["parallel"]`` (optional) is the strategy a call without ``strategy=`` runs with; absent,
+    a knob-composed rule runs `DEFAULT_STRATEGY` (``"auto"``: the strategy a model built from a
+    spec would pick, resolved at the first call and cached) and a standalone rule its own
+    default. ``{"parallel": "core:sequential"}`` keeps the reference loop.
     """
     reg = _registry(registry)
     if isinstance(spec, str):
@@ -102,7 +113,7 @@ def build_rule(spec: Any, *, heads: int | None = None, d_key: int | None = None,
         rule = ComposedRule(
             built["structure"], built["bias"], built["retention"], built["algorithm"],
             built["feature_map"], read=knobs["read"], spec=resolved,
-            default_strategy=parallel if parallel is not None else "core:sequential",
+            default_strategy=parallel if parallel is not None else DEFAULT_STRATEGY,
             anchor=knobs["anchor"], steps_per_token=steps,
         )
     except SpecError as exc:

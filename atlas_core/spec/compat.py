@@ -4,7 +4,9 @@ A resolved spec lists every field of its components. A later version may add fie
 default that keeps the earlier meaning: ``[layer] value_heads`` unset, ``[train] grad_accum = 1``),
 so resolving an earlier spec fills them in and its `spec_hash` changes. What must not change is
 what the earlier spec stated: `stated_changes` lists every value the stored spec states that the
-resolved one does not keep (a value changed, or a key gone). An earlier spec whose stated values
+resolved one does not keep (a value changed, or a key gone). A None states no value: it is what
+an earlier resolution left for "the default" (``[layer] output_gate`` before the preset's default
+was resolved into the spec), and a stored TOML file, which cannot write None, leaves it out. An earlier spec whose stated values
 all survive is the same model and run, read by a version that knows more fields.
 
 `content_hash` is the digest of a spec's tables as stored (the spec as a file or a config holds
@@ -37,7 +39,8 @@ def stated_changes(stored: Any, resolved: Any, path: str = "") -> list[str]:
                 if value is not None:  # a field this version no longer has
                     out.append(where)
                 continue
-            out += stated_changes(value, resolved[key], where)
+            if value is not None:  # None: the default, resolved here to a value
+                out += stated_changes(value, resolved[key], where)
         return out
     if isinstance(stored, float) or isinstance(resolved, float):
         same = isinstance(stored, (int, float)) and isinstance(resolved, (int, float)) and float(stored) == float(resolved)

@@ -18,6 +18,11 @@ Resolution writes every component as ``{"use": "ns:name", **every param with its
   a saved spec rebuilds the same computation even after other plugins are installed. A model trained from a spec therefore uses
   a parallel form by default; write ``parallel = "core:sequential"`` for the reference loop.
 
+The rule built here, with the strategy resolved for it (auto's choice and every ``supports()``
+it asks, or the named strategy's check, made once) and bound, is kept with the resolved spec
+(`resolve_memory_plan`, `atlas_core.layer.MemoryPlan`): a model built from that spec copies the
+rule for each layer and makes neither again.
+
 Component params nested inside a knob's params (an Omega window's ``inner`` bias) are kept as
 the knob's params model returns them; they are not expanded.
 """
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import AtlasError, Issue, SpecError
+from ..errors import AtlasError, Issue, SpecError, StrategyError
 from ..host.registry import Registry, split_use
 from ..params import plain  # noqa: F401  (re-exported: spec.resolve reads it from here)
 
@@ -63,54 +68,61 @@ def _canonical_rule(rule: Any, reg: Registry) -> dict[str, Any]:
     return out
 
 
-def _resolve_parallel(value: Any, rule: Any, reg: Registry, issues: list[Issue]) -> Any:
+def _resolve_parallel(value: Any, rule: Any, reg: Registry, issues: list[Issue]) -> tuple[Any, Any]:
+    """The resolved ``parallel`` table and the strategy object ``rule`` runs with (None where the
+    rule has errors), or (None, None) with the problem appended to ``issues``. The
+    strategy is resolved through ``rule.runner(value)`` (`atlas_core.strategies.base.resolve_strategy`):
+    auto's choice, or the named strategy's ``supports()`` check, is made here once and cached on
+    ``rule`` with the bound strategy, which the build reuses (`atlas_core.layer.MemoryPlan`)."""
     path = "memory.parallel"
     from ..strategies.trust import auto_allow, is_auto
 
     if is_auto(value):  # "auto" or { use = "auto", allow = [...] } (strategies/trust.py)
         try:
-            allow = auto_allow(value, path)
+            auto_allow(value, path)
         except SpecError as exc:
             issues.extend(exc.issues)
-            return None
+            return None, None
         if rule is None:
-            return None  # the rule has errors; they are reported already
-        from ..strategies.base import auto_strategy
-
+            return None, None  # the rule has errors; they are reported already
         try:
-            chosen = auto_strategy(rule, reg, allow=allow)
+            chosen = rule.runner(value, reg)
         except (AtlasError, ValueError) as exc:
             issues.append(Issue(path, f"no strategy can run this rule: {exc}", value))
-            return None
-        return canonical_component(reg, "strategy", chosen.name, path)
+            return None, None
+        return canonical_component(reg, "strategy", chosen.name, path), chosen
     try:
-        strategy = reg.build("strategy", value, path=path)
         resolved = canonical_component(reg, "strategy", value, path)
+        strategy = reg.build("strategy", value, path=path)
     except SpecError as exc:
         issues.extend(exc.issues)
-        return None
+        return None, None
     except (AtlasError, ValueError) as exc:
         issues.append(Issue(path, str(exc), value))
-        return None
+        return None, None
     from ..strategies.base import Strategy
 
-    if rule is not None and isinstance(strategy, Strategy):
-        ok, reason = strategy.supports(rule)
-        if not ok:
-            issues.append(
-                Issue(path, f"{resolved['use']} cannot run this rule: {reason}", value,
-                      'use "auto" or "core:sequential"')
-            )
-    return resolved
+    if rule is None or not isinstance(strategy, Strategy):
+        return resolved, None
+    try:
+        return resolved, rule.runner(strategy, reg)  # supports() once; bound
+    except StrategyError as exc:
+        reason = str(exc).split(": ", 1)[-1]
+        issues.append(Issue(path, f"{resolved['use']} cannot run this rule: {reason}", value,
+                            'use "auto" or "core:sequential"'))
+    except (AtlasError, ValueError) as exc:
+        issues.append(Issue(path, str(exc), value))
+    return resolved, None
 
 
-def resolve_memory(table: Any, reg: Registry, issues: list[Issue]) -> dict[str, Any] | None:
-    """The resolved ``[memory]`` table, or None with the problems appended to ``issues``."""
+def resolve_memory_plan(table: Any, reg: Registry, issues: list[Issue]) -> tuple[dict[str, Any] | None, Any]:
+    """`resolve_memory`, and the rule it built with its strategy resolved (`atlas_core.layer.MemoryPlan`),
+    or None with the problems appended to ``issues``."""
     if isinstance(table, str):  # memory = "titans:titans": a rule or preset name alone
         table = {"use": table}
     if not isinstance(table, Mapping):
         issues.append(Issue("memory", "must be a table (a [memory] section)", table))
-        return None
+        return None, None
     from ..rule import build_rule
 
     t = dict(table)
@@ -125,8 +137,17 @@ def resolve_memory(table: Any, reg: Registry, issues: list[Issue]) -> dict[str, 
     except (AtlasError, ValueError) as exc:  # a factory refusing its params
         issues.append(Issue("memory", str(exc)))
         rule = None
-    strategy = _resolve_parallel(parallel, rule, reg, issues)
-    if resolved is None or strategy is None:
-        return None
-    resolved["parallel"] = strategy
-    return resolved
+    table_p, strategy = _resolve_parallel(parallel, rule, reg, issues)
+    if resolved is None or table_p is None:
+        return None, None
+    resolved["parallel"] = table_p
+    if strategy is None:  # a strategy object of a kind the layer does not run: built again there
+        return resolved, None
+    from ..layer import MemoryPlan
+
+    return resolved, MemoryPlan(rule, strategy, reg)
+
+
+def resolve_memory(table: Any, reg: Registry, issues: list[Issue]) -> dict[str, Any] | None:
+    """The resolved ``[memory]`` table, or None with the problems appended to ``issues``."""
+    return resolve_memory_plan(table, reg, issues)[0]

@@ -45,12 +45,20 @@ class Spec(BaseModel):
     train: dict[str, Any] | None = Field(None, description="training options, if any")
 
     _source: str | None = PrivateAttr(None)
+    #: what resolving ``[memory]`` built (`atlas_core.layer.MemoryPlan`), for the build; not content
+    _memory_plan: Any = PrivateAttr(None)
 
     # -- identity -----------------------------------------------------------------------------
     @property
     def source(self) -> str | None:
         """Where the spec was read from (a file path), if anywhere. Not part of equality."""
         return self._source
+
+    @property
+    def memory_plan(self) -> Any:
+        """The rule and checked strategy resolving ``[memory]`` built (`atlas_core.layer.MemoryPlan`),
+        or None (a spec built by hand or unpickled). Not part of equality or `spec_hash`."""
+        return self._memory_plan
 
     @property
     def arch(self) -> str:

@@ -8,9 +8,14 @@ schema     must be ``"atlas/1"`` (the default when absent)
 name       a string (default: the file's stem, or ``"unnamed"``)
 [model]    ``arch`` names a component of kind ``arch``; the other keys are validated by that
            component's params model
-[memory]   see `atlas_core.spec.memory` (built with `build_rule`, strategy checked)
+[memory]   see `atlas_core.spec.memory` (built with `build_rule`, strategy checked; the rule and
+           strategy are kept with the `Spec` for its build: `Spec.memory_plan`)
 [layer]    validated by `atlas_core.layer.LayerParams` (kept as written if that module is absent);
-           a ``gate_bias`` key other than the core gates' must be a gate the rule declares
+           the fields a preset may declare (``output_gate``, ``output_gate_bias``,
+           ``conv_init``, ``q_scale``, ``gate_bias``, ``gate_form``) are resolved to the
+           preset's value, else the core's (`atlas_core.layer.with_preset_defaults`); a
+           ``gate_bias`` key other than the core gates' must be a gate the rule declares, a
+           ``gate_form`` key one it declares (with a form its range allows)
 [train]    validated by ``atlas_core.train.params:TrainParams`` when that module exists; until a
            trainer provides it, the table is kept exactly as written
 ========== ==================================================================================
@@ -32,7 +37,7 @@ from pydantic import ValidationError
 from ..errors import Issue, SpecError, did_you_mean
 from ..host.registry import Registry, validation_issues
 from .bounds import explain_model_issues, model_size_issues, spec_value_issues
-from .memory import plain, resolve_memory
+from .memory import plain, resolve_memory_plan
 from .model import SCHEMA, TOP_LEVEL_KEYS, Spec
 from .toml_io import SpecFileError, load_file, loads
 
@@ -112,24 +117,39 @@ def resolve_layer(table: Mapping[str, Any] | None, issues: list[Issue]) -> dict 
     return _validate_params(model, table or {}, "layer", issues)
 
 
-def _gate_bias_issues(layer: Mapping[str, Any], memory: Mapping[str, Any], reg: Registry) -> list[Issue]:
+def _gate_issues(layer: Mapping[str, Any], rule: Any) -> list[Issue]:
     """``[layer] gate_bias`` keys the rule declares no gate for (the core gates' names are always
-    accepted, so specs written for them stay valid: only then is the rule built)."""
-    gate_bias = layer.get("gate_bias") or {}
-    if not isinstance(gate_bias, Mapping):
-        return []
-    from ..knobs.gates import CORE_GATE_NAMES
+    accepted, so specs written for them stay valid) and ``gate_form`` entries that name no gate of
+    the rule or put a retain-factor form on another gate; ``rule`` is the one resolving
+    ``[memory]`` built."""
+    from ..layer import gate_bias_issues, gate_form_issues
 
-    if all(key in CORE_GATE_NAMES for key in gate_bias):
-        return []
-    from ..layer import gate_bias_issues
-    from ..rule import build_rule
+    issues = []
+    if isinstance(layer.get("gate_bias"), Mapping):
+        issues += gate_bias_issues(layer["gate_bias"], tuple(rule.gates))
+    if isinstance(layer.get("gate_form"), Mapping):
+        issues += gate_form_issues(layer["gate_form"], tuple(rule.gates))
+    return issues
 
-    try:
-        rule = build_rule(dict(memory), registry=reg, path="memory")
-    except (SpecError, ValueError):  # reported by [memory]'s own checks
-        return []
-    return gate_bias_issues(gate_bias, tuple(rule.gates))
+
+def _preset_layer(memory: Mapping[str, Any], reg: Registry) -> dict:
+    """The ``[layer]`` defaults the resolved ``[memory]``'s preset declares (``layer=`` in
+    `add_preset`), or {}."""
+    use = memory.get("use")
+    if not use:
+        return {}
+    comp = reg.get("rule", use, "memory.use")
+    return dict(comp.extra.get("layer", {})) if "preset" in comp.capabilities else {}
+
+
+def _with_preset_layer(layer_r: dict | None, written: Any, memory_r: Mapping[str, Any] | None,
+                       reg: Registry) -> dict | None:
+    """``[layer]`` with the preset's declared defaults, else the core's, resolved into it
+    (`atlas_core.layer.with_preset_defaults`; ``written``: the table as the spec writes it)."""
+    fill = _optional("atlas_core.layer", "with_preset_defaults")
+    if layer_r is None or memory_r is None or fill is None:
+        return layer_r
+    return fill(layer_r, _preset_layer(memory_r, reg), written)
 
 
 def _value_head_issues(layer: Any, model: Any) -> list[Issue]:
@@ -176,16 +196,17 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
 
     model = _table(data, "model", issues, required=True)
     model_r = resolve_model(model, reg, issues) if model is not None else None
-    memory_r = None
+    memory_r, plan = None, None
     if "memory" not in data:
         issues.append(Issue("memory", "missing [memory] table", None,
                             'add a [memory] section, e.g. use = "titans:titans"'))
     else:
-        memory_r = resolve_memory(data["memory"], reg, issues)
+        memory_r, plan = resolve_memory_plan(data["memory"], reg, issues)
     layer = _table(data, "layer", issues, required=False)
     layer_r = resolve_layer(layer, issues) if layer is not None or "layer" not in data else None
-    if isinstance(layer, Mapping) and memory_r is not None:  # keys, even when a value is bad
-        issues.extend(_gate_bias_issues(layer, memory_r, reg))
+    layer_r = _with_preset_layer(layer_r, layer, memory_r, reg)
+    if plan is not None:  # keys, even when a value is bad: the written ones and the preset's
+        issues.extend(_gate_issues({**(layer or {}), **(layer_r or {})}, plan.rule))
     issues.extend(_value_head_issues(layer_r, model_r))
     train = _table(data, "train", issues, required=False)
     train_r = resolve_train(train, issues) if train is not None else None
@@ -199,6 +220,7 @@ def resolve_spec(data: Any, *, source: str | None = None, registry: Registry | N
     spec = Spec(schema=schema, name=name, model=model_r, memory=memory_r, layer=layer_r,
                 train=train_r)
     spec._source = source
+    spec._memory_plan = plan
     return spec
 
 

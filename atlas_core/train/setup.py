@@ -251,7 +251,7 @@ def make_plan(opts: TrainOptions, world: int = 1) -> Plan:
         refuse_stored_files(spec, source, opts.resume, ckpt.meta)
     else:
         spec, source = _load(opts.spec)
-    if ckpt is not None and arch_hash(spec) != ckpt.manifest.get("arch_hash"):
+    if ckpt is not None and arch_hash(spec) != arch_hash(ckpt.spec):  # both resolved here
         raise CheckpointError(
             f"the checkpoint {str(ckpt.path)!r} was written for a different model than {source} "
             f"({spec_difference(spec, ckpt.spec)}); a run keeps its model: resume with the "

@@ -90,17 +90,34 @@ def test_conv_init_kinds():
     assert normal.std().item() == pytest.approx(0.02, rel=0.5)
 
 
+def _from_spec(rule: str, **layer) -> tuple[MemoryLayer, dict]:
+    """A layer built from a resolved spec (the preset's layer defaults are resolved into it)."""
+    from atlas_core.spec import load_spec
+
+    spec = load_spec({"model": {"arch": "core:lm", "vocab_size": 16, "d_model": 12, "heads": 3},
+                      "memory": {"use": rule, "parallel": "core:sequential"}, "layer": layer})
+    torch.manual_seed(0)
+    return MemoryLayer.from_spec(spec, d_model=12, heads=3).to(DT), spec.layer
+
+
 def test_preset_declares_layer_defaults_and_the_spec_overrides_them():
-    dn = _layer("zoo:deltanet")
+    dn, table = _from_spec("zoo:deltanet")
+    assert (table["output_gate"], table["q_scale"], table["conv_init"], table["gate_form"]) == (
+        "none", "rsqrt_d_key", "normal", {"theta": "no_bias"})  # what the resolved spec shows
     assert dn.output_gate == "none" and not hasattr(dn, "out_gate")
     assert dn.gate_forms == ("no_bias",) and dn.q_scale == pytest.approx(0.5)
     assert dn.q_conv.weight[:, 0, -1].abs().mean().item() < 0.1  # fla's normal init
-    over = _layer("zoo:deltanet", output_gate=True, gate_form={"theta": "declared"}, q_scale=1.0, conv_init="identity")
+    over, table = _from_spec("zoo:deltanet", output_gate=True, gate_form={"theta": "declared"}, q_scale=1.0,
+                             conv_init="identity")
+    assert table["output_gate"] is True and table["gate_form"] == {"theta": "declared"}  # kept as written
     assert over.output_gate == "sigmoid" and over.gate_forms == ("declared",) and over.q_scale == 1.0
     # other presets and knob-composed rules keep the core's layer
     for rule in ("zoo:gated_deltanet", {"bias": "core:l2"}):
         other = MemoryLayer(12, 3, ac.build_rule(rule), LayerParams(), strategy="core:sequential")
         assert other.output_gate == "sigmoid" and set(other.gate_forms) == {"declared"} and other.q_scale == 1.0
+    # the layer reads its params only: built by hand, a preset's rule gets the core's options
+    plain = MemoryLayer(12, 3, ac.build_rule("zoo:deltanet"), LayerParams(), strategy="core:sequential")
+    assert plain.output_gate == "sigmoid" and plain.gate_forms == ("declared",) and plain.q_scale == 1.0
 
 
 @pytest.mark.parametrize("forms, path", [({"alfa": "mamba2"}, "layer.gate_form.alfa"),
