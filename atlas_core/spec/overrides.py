@@ -237,7 +237,7 @@ def load_with_overrides(source: Any, overrides: Iterable[Override], registry: An
     """`atlas_core.spec.load_spec` with overrides: ``source`` is a ``.toml`` path, TOML text, a
     mapping or a resolved `Spec` (whose resolved tables are then overridden)."""
     from .model import Spec
-    from .resolve import _looks_like_toml, load_spec
+    from .resolve import looks_like_toml, load_spec
     from .toml_io import load_file, loads
 
     ovs = list(overrides)
@@ -248,7 +248,7 @@ def load_with_overrides(source: Any, overrides: Iterable[Override], registry: An
         data, label = source.to_dict(), source.source
     elif isinstance(source, Mapping):
         data = dict(source)
-    elif isinstance(source, Path) or (isinstance(source, str) and not _looks_like_toml(source)):
+    elif isinstance(source, Path) or (isinstance(source, str) and not looks_like_toml(source)):
         label = str(source)
         data = load_file(label)
     elif isinstance(source, str):

@@ -237,7 +237,7 @@ def with_train(spec: Spec, table: Mapping[str, Any] | None) -> Spec:
     return out
 
 
-def _looks_like_toml(text: str) -> bool:
+def looks_like_toml(text: str) -> bool:
     if "\n" in text:
         return True
     if text.strip().endswith(".toml"):
@@ -251,7 +251,7 @@ def load_spec(source: Any, *, registry: Registry | None = None) -> Spec:
         return source
     if isinstance(source, Mapping):
         return resolve_spec(source, registry=registry)
-    if isinstance(source, Path) or (isinstance(source, str) and not _looks_like_toml(source)):
+    if isinstance(source, Path) or (isinstance(source, str) and not looks_like_toml(source)):
         path = str(source)
         return resolve_spec(load_file(path), source=path, registry=registry)
     if isinstance(source, str):
