@@ -384,7 +384,7 @@ class MemoryLayer(nn.Module):
             return dt + torch.log(-torch.expm1(-dt))
         return torch.full((size,), float(gate_bias.get(gate.name, gate.bias)))
 
-    def _form(self, gate, raw: torch.Tensor, form: str, scale: float) -> torch.Tensor:
+    def gate_from_raw(self, gate, raw: torch.Tensor, form: str, scale: float) -> torch.Tensor:
         """A gate from its pre-activation ``raw`` (``[B, T, H]`` or ``[B, T, H, Dk]``)."""
         if form == "mamba2":  # in float32 at least (bf16 upcast; float64 kept, not rounded)
             work = torch.promote_types(raw.dtype, torch.float32)
@@ -416,7 +416,7 @@ class MemoryLayer(nn.Module):
                 r = rearrange(r, "b t (n h) -> b t n h", n=n, h=self.value_heads)
             if n == 1:
                 r = r.squeeze(2)
-            out[gate.name] = self._form(gate, r, form, scale)
+            out[gate.name] = self.gate_from_raw(gate, r, form, scale)
         return out
 
     def forward(self, x: torch.Tensor, state: dict | None = None, cu_seqlens: torch.Tensor | None = None):

@@ -158,7 +158,7 @@ class MemoryStep:
         for gate, r, scale, form in zip(L.gate_decls, raw.split(L.gate_sizes, dim=-1), L.gate_scales, L.gate_forms):
             if gate.shape == "key":
                 r = r.view(r.shape[0], L.value_heads, -1)
-            out[gate.name] = L._form(gate, r, form, scale).to(self.M.dtype)
+            out[gate.name] = L.gate_from_raw(gate, r, form, scale).to(self.M.dtype)
         return out
 
 
