@@ -180,7 +180,10 @@ class ExactPieces:
         B, H, n, Dv = St.shape
         K = self.mix.shape[-1]
         BH = B * H
-        flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [B H, .] per chunk, one op each
+        if torch.is_grad_enabled():
+            flat = lambda x: x.flatten(0, 1).unbind(1)  # noqa: E731  [B H, .] per chunk, one op each
+        else:  # inference: each chunk's pieces contiguous (one copy each, not one per chunk and product)
+            flat = lambda x: x.flatten(0, 1).transpose(0, 1).contiguous().unbind(0)  # noqa: E731
         St = St.flatten(0, 1)
         ys = []
         for Wn, Un, Dnn, Qn, Pn, mn in zip(flat(self.W), flat(self.U), flat(self.Dn), flat(self.Qs),

@@ -41,6 +41,20 @@ def test_equals_the_hand_written_loop(read, retention, T, C):
     torch.testing.assert_close(s["M"], M_ref, **TOL)
 
 
+@pytest.mark.parametrize("T, C", [(150, 32), (77, 5)])
+def test_inference_without_gradients_equals_the_loop_too(T, C):
+    """Under no_grad the chunk loop reads each chunk's pieces from chunk-major copies."""
+    q, k, v, gates = make_inputs(B=2, T=T, H=3, Dk=6, Dv=5, seed=T)
+    M0 = 0.3 * torch.randn(2, 3, 5, 6, dtype=torch.float64)
+    rule = ac.build_rule({"retention": "core:decay"})
+    with torch.no_grad():
+        y, s = rule(q, k, v, gates=_gates(rule, gates), state={"M": M0}, strategy=_ec(C))
+    y_ref, M_ref = linear_memory_loop(q, k, v, gates, bias="l2", algorithm="gd",
+                                      retention="decay", read="after", M0=M0)[:2]
+    torch.testing.assert_close(y, y_ref, **TOL)
+    torch.testing.assert_close(s["M"], M_ref, **TOL)
+
+
 @pytest.mark.parametrize("C", [16, 64, 128])
 def test_equals_sequential_where_chunkwise_is_only_anchored(C):
     """The same chunk size under core:chunkwise differs from sequential (anchored gradients);
