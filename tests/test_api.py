@@ -168,3 +168,25 @@ def test_a_subword_model_loads_with_its_tokenizer(tmp_path):
     ids = model.tokenizer.encode("the cat sat", add_special_tokens=False).ids
     assert ids == tok.encode("the cat sat", add_special_tokens=False).ids
     assert model.codec.decode(model.codec.encode("the dog")).strip() == "the dog"
+
+
+def test_a_loaded_model_has_its_decode_matrices_in_place(api_run):
+    """`atlas_core.load` places each decode step's fused weights in one matrix before reading them:
+    the weights equal the checkpoint's, and the decoder's fusing copies nothing."""
+    from atlas_core.decode import Decoder
+    from atlas_core.train.checkpoint import load_checkpoint
+
+    model = ac.load(api_run.run_dir)
+    want = load_checkpoint(api_run.checkpoint)
+    plain = ac.build_model(want.spec)
+    want.load_model(plain)
+    for (name, a), (_, b) in zip(model.state_dict().items(), plain.state_dict().items()):
+        assert torch.equal(a, b), name
+    layer = next(b.memory for b in model.blocks if getattr(b, "memory", None) is not None)
+    q, k = layer.q_proj.weight, layer.k_proj.weight
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()  # one matrix
+    assert k.data_ptr() == q.data_ptr() + q.numel() * q.element_size()
+    before = {n: p.data_ptr() for n, p in model.named_parameters()}
+    Decoder(model, max_len=32)
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == before
+    assert all(p.requires_grad for p in model.parameters())  # still trainable

@@ -56,6 +56,35 @@ def fast_retention(layer) -> str | None | bool:
     return FAST_KNOBS["retention"][_knob(rule, "retention")[0]]
 
 
+def memory_projections(L) -> tuple[list, dict]:
+    """The linears of memory layer ``L`` that read its input, in the order `MemoryStep` fuses them
+    (q, k, v, the gates, the output gate), and the bias masks (``{index: mask}``)."""
+    mods, masks = [L.q_proj, L.k_proj, L.v_proj], {}
+    if L.gate_names:
+        masks[len(mods)] = L.gate_bias_mask
+        mods.append(L.gate_proj)
+    if L.output_gate != "none":
+        mods.append(L.out_gate)
+    return mods, masks
+
+
+def fuse_weights(model) -> None:
+    """Place the weights each decode step reads together (a memory layer's input projections, a
+    SwiGLU's gate and up rows) in one matrix each, before the checkpoint is read into them: the
+    decoder's `Fused` then finds them in place and copies nothing (no second copy of those
+    weights, not even for a moment). The model computes what it computed."""
+    from ..lm import AttentionBlock
+    from ..mlp import SwiGLU
+
+    for block in model.blocks:
+        memory = None if isinstance(block, AttentionBlock) else getattr(block, "memory", None)
+        if memory is not None and hasattr(memory, "q_proj"):
+            Fused(*memory_projections(memory))
+        mlp = getattr(block, "mlp", None)
+        if isinstance(mlp, SwiGLU):
+            Fused([mlp.gate, mlp.up])
+
+
 class MemoryStep:
     """A delta-family memory block, one token a row (module docstring). Called as ``step(x)``."""
 
@@ -64,14 +93,7 @@ class MemoryStep:
         self.block, self.layer = block, L
         self.retention = fast_retention(L)
         self.read_before = L.rule.form.read == "before"
-        mods = [L.q_proj, L.k_proj, L.v_proj]
-        masks = {}
-        if L.gate_names:
-            masks[len(mods)] = L.gate_bias_mask
-            mods.append(L.gate_proj)
-        if L.output_gate != "none":
-            mods.append(L.out_gate)
-        self.proj = Fused(mods, masks)
+        self.proj = Fused(*memory_projections(L))
         self.H, self.Hv, self.G = L.heads, L.value_heads, L.groups
         self.Dk, self.Dv = L.d_rule_key, L.d_value
         self.gate_index = 3 if L.gate_names else None

@@ -59,7 +59,7 @@ class Fused:
             for i, (m, n) in enumerate(zip(mods, self.sizes)):
                 if m.weight.data_ptr() != W[start].data_ptr():
                     W[start : start + n].copy_(m.weight)
-                    m.weight = nn.Parameter(W[start : start + n], requires_grad=False)
+                    m.weight = nn.Parameter(W[start : start + n], requires_grad=m.weight.requires_grad)
                 if m.bias is not None:
                     b[start : start + n].copy_(m.bias * masks[i].to(m.bias.dtype) if i in masks else m.bias)
                 start += n

@@ -1,7 +1,9 @@
 """`load_for_inference(path, dtype)`: a checkpoint's model for decoding, built in ``dtype`` and
 filled from the checkpoint in one pass (`atlas_core.train.weights_io`): the process holds the
 model once, in the dtype asked for (a float32 checkpoint read as bfloat16 is converted piece by
-piece, never held in float32 whole)."""
+piece, never held in float32 whole). The weights a decode step reads together are placed in one
+matrix each before they are read (`atlas_core.decode.blocks.fuse_weights`), so the decoder
+fuses nothing later."""
 
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
         model = build_model(ckpt.spec)
     finally:
         torch.set_default_dtype(previous)
+    from .blocks import fuse_weights
+    from .engine import supports
+
+    if supports(model)[0]:
+        fuse_weights(model)  # the decoder's fused matrices, in place before the weights are read
     ckpt.load_model(model)
     model = model.to(resolve_device(device)).eval()
     model.spec, model.codec = ckpt.spec, ckpt.meta.codec()
