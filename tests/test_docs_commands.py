@@ -52,6 +52,10 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"benchmarks/bench_strategies\.py", "the benchmark sweep (writes docs/img); "
      "tests/bench/test_bench_cli.py runs the script at tiny sizes"),
     (r"^atlas bench\s*$", "the full sweep of docs/benchmarks.md (about 40 minutes)"),
+    (r"^atlas bench inference --configs qwen3\.5", "builds and runs a 0.8B model beside transformers "
+     "and llama.cpp (minutes to an hour); tests/bench/test_inference_bench.py runs it at a tiny size"),
+    (r"benchmarks/decode_profile\.py ~/\.cache/atlas-bench", "reads the 2.8 GiB checkpoint `atlas bench "
+     "inference` caches; the decoder it times is tested in tests/decode"),
     (r"--device cuda|\bcuda\b", "needs a GPU"),
 ]
 
