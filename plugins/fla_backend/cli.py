@@ -59,7 +59,14 @@ def certify_cmd(backends: Names = None, fmt: FormatOption = None) -> None:
     from .certify import certify
 
     names = _names(backends)
-    rows = certify(names, progress=lambda case, check: None)
+    seen: set[str] = set()
+
+    def progress(case: str, check: str) -> None:  # stderr, one line per case: fla compiles for minutes
+        if case not in seen:
+            seen.add(case)
+            log(f"certify: {case} ...")
+
+    rows = certify(names, progress=progress)
 
     def human(rows):
         _table("atlas fla certify", ("backend", "device", "certified", "calls", "reason"),

@@ -85,7 +85,9 @@ def test_unavailable_without_triton(monkeypatch):
 
 
 def test_auto_selects_the_kernel_for_float32_and_falls_back_for_float64():
-    rule = make_rule("l2", "momentum", "after", 1, d=8, anchor=4)
+    """gd without gradients: the case the kernel measured faster on a GPU (``speed_refusal``), so
+    automatic dispatch takes it there and under the interpreter alike."""
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)
     strat = Chunkwise(ChunkwiseParams(chunk_size=4))
     p32 = rule.prepare(*_inputs(rule))
     assert isinstance(select_backend(strat, rule, p32), ChunkLinearBackend)
@@ -93,6 +95,20 @@ def test_auto_selects_the_kernel_for_float32_and_falls_back_for_float64():
     p64 = rule.prepare(*_inputs(rule, dtype=torch.float64))
     assert select_backend(strat, rule, p64) is None  # refused: the PyTorch code runs
     assert strat.bound_backends().select(strat, rule, p64) is None
+
+
+def test_auto_leaves_the_calls_measured_slower_to_pytorch_on_a_gpu():
+    """On a GPU (no interpreter) momentum is left to the PyTorch code by automatic dispatch and
+    still runs on the kernel when forced; under the interpreter every servable call runs on it."""
+    rule = make_rule("l2", "momentum", "after", 1, d=8, anchor=4)
+    strat = Chunkwise(ChunkwiseParams(chunk_size=4))
+    p32 = rule.prepare(*_inputs(rule))
+    picked = select_backend(strat, rule, p32)
+    if availability.interpreter_on():
+        assert isinstance(picked, ChunkLinearBackend)
+    else:
+        assert picked is None
+    assert isinstance(select_backend(strat, rule, p32, requested=NAME), ChunkLinearBackend)
 
 
 def test_backends_are_bound_once_per_strategy(monkeypatch):
@@ -305,7 +321,7 @@ def test_launch_failure_falls_back_to_pytorch_with_one_warning(monkeypatch):
 
     monkeypatch.setattr(op.ChunkLinearFn, "apply", too_big)
     monkeypatch.setattr(availability, "_WARNED", set())
-    rule = make_rule("l2", "momentum", "after", 1, d=8, anchor=4)
+    rule = make_rule("l2", "gd", "after", 1, d=8, anchor=4)  # gd: automatic dispatch takes it on a GPU
     q, k, v, gates = _inputs(rule)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

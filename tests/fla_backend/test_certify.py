@@ -62,6 +62,17 @@ def test_certify_records_the_backends_that_passed(stand_in, certs):
     assert certificates.find("fla:simple_gla", device_name())[0] is not None
 
 
+def test_certify_says_which_case_it_is_on(stand_in, certs):
+    """fla compiles and tunes its kernels for minutes on a GPU: one line per kit case on stderr,
+    the JSON alone on stdout."""
+    result = runner.invoke(make_app(), ["--format", "json", "fla", "certify", "simple_gla"])
+    assert result.exit_code == 0, result.output
+    assert [r["backend"] for r in json.loads(result.stdout)] == ["fla:simple_gla"]
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("certify: ")]
+    assert lines == [f"certify: fla:simple_gla@{p} ..." for p in ("zoo:simple_gla", "zoo:retnet",
+                                                                   "zoo:linear_attention")]
+
+
 def test_a_failing_check_leaves_the_backend_uncertified(certs):
     """A stand-in that forgets the mapping's ``scale = 1`` (fla's default 1/sqrt(K)) fails the
     kit's comparison: no certificate, and the one held before is revoked."""
