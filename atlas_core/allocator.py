@@ -104,6 +104,17 @@ def glibc() -> ctypes.CDLL | None:
     return libc
 
 
+def release_free() -> bool:
+    """Give the heap's free pages back to the kernel now (``malloc_trim(0)``), once: after a
+    one-off burst of freeing, such as a model's initial weights replaced by a checkpoint's. False
+    where the C library is not glibc."""
+    libc = glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 def rss_anon() -> int | None:
     """The process's anonymous resident bytes (``RssAnon`` of /proc/self/status), None if unknown."""
     try:

@@ -35,9 +35,9 @@ def main() -> None:
     acc: dict[str, float] = defaultdict(float)
     inner = fused.matvec
 
-    def timed_matvec(W, x, b=None):
+    def timed_matvec(W, x, b=None, dtype=None):
         t = time.perf_counter()
-        y = inner(W, x, b)
+        y = inner(W, x, b, dtype)
         acc["products_s"] += time.perf_counter() - t
         acc["bytes"] += W.numel() * W.element_size()
         acc["calls"] += 1

@@ -73,6 +73,7 @@ def fuse_weights(model) -> None:
     SwiGLU's gate and up rows) in one matrix each, before the checkpoint is read into them: the
     decoder's `Fused` then finds them in place and copies nothing (no second copy of those
     weights, not even for a moment). The model computes what it computed."""
+    from ..allocator import release_free
     from ..lm import AttentionBlock
     from ..mlp import SwiGLU
 
@@ -83,6 +84,10 @@ def fuse_weights(model) -> None:
         mlp = getattr(block, "mlp", None)
         if isinstance(mlp, SwiGLU):
             Fused([mlp.gate, mlp.up])
+        # the weights a fused matrix replaced go back to the kernel before the next block's are
+        # allocated: glibc keeps freed tensors below 32 MiB, and a fused matrix above it is mapped
+        # afresh, so without this the process would peak at the weights plus every replaced one
+        release_free()
 
 
 class MemoryStep:
@@ -105,6 +110,35 @@ class MemoryStep:
             self.conv_sizes = [L.q_conv.weight.shape[0], L.k_conv.weight.shape[0], L.v_conv.weight.shape[0]]
         self.M = torch.zeros(batch, self.Hv, self.Dv, self.Dk, dtype=torch.promote_types(act, torch.float32),
                              device=dev)
+        self.kernel = self._kernel_plan(act)
+        if self.kernel is not None and L.use_conv:  # the kernel keeps its window in float32
+            self.conv, self.conv_w = self.conv.float(), self.conv_w.float()
+
+    def _kernel_plan(self, act: torch.dtype) -> dict | None:
+        """The compiled step's constants (``csrc/memory_step.cpp``), or None where it does not
+        compute this layer (then `_reference` runs): a CPU, a float32 memory, the sizes and the
+        kinds of norm, activation and output gate it knows."""
+        from . import cpu_kernel
+
+        L = self.layer
+        fn = cpu_kernel.memory_kernel() if self.M.device.type == "cpu" and self.M.dtype == torch.float32 else None
+        if (fn is None or L.params.qkv_activation not in ("silu", "none")
+                or L.output_gate not in ("none", "sigmoid", "silu") or any(g.shape != "head" for g in L.gate_decls)):
+            return None
+        sizes = [m.out_features for m in memory_projections(L)[0][:3]]
+        if sizes != [self.H * self.Dk, self.H * self.Dk, self.Hv * self.Dv] or self.Hv % self.H:
+            return None
+        norm = L.out_norm if L.params.output_norm else None
+        if norm is not None and not (isinstance(norm, torch.nn.RMSNorm) and tuple(norm.normalized_shape) == (self.Dv,)):
+            return None
+        w = None if norm is None or norm.weight is None else norm.weight.detach().float().contiguous()
+        eps = 0.0 if norm is None else (norm.eps if norm.eps is not None else torch.finfo(act).eps)
+        offsets = [0]
+        for n in self.proj.sizes:
+            offsets.append(offsets[-1] + n)
+        return {"fn": fn, "norm": norm is not None, "norm_w": w, "norm_eps": float(eps),
+                "gate_kind": {"none": 0, "sigmoid": 1, "silu": 2}[L.output_gate],
+                "gate_at": offsets[-2], "gates_at": offsets[3] if self.gate_index is not None else None}
 
     def load(self, row: int, state: dict) -> None:
         """Row ``row`` of the buffers from a layer state of batch 1 (after a prefill)."""
@@ -119,13 +153,43 @@ class MemoryStep:
         """Row ``row`` as the layer's state (batch 1)."""
         L, out = self.layer, {}
         if L.use_conv:
-            cq, ck, cv = self.conv[row : row + 1, 1:].split(self.conv_sizes, dim=-1)
+            act = L.q_proj.weight.dtype
+            cq, ck, cv = self.conv[row : row + 1, 1:].to(act).split(self.conv_sizes, dim=-1)
             out.update({"conv.q": cq.clone(), "conv.k": ck.clone(), "conv.v": cv.clone()})
         out["rule.M"] = self.M[row : row + 1].clone()
         return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The memory layer's output for ``x: [B, d]`` (normed), updating the buffers."""
+        """The memory layer's output for ``x: [B, d]`` (normed), updating the buffers: the compiled
+        step where it computes this layer, else `reference`."""
+        return self.reference(x) if self.kernel is None else self.compiled(x)
+
+    def compiled(self, x: torch.Tensor) -> torch.Tensor:
+        """`reference` by ``csrc/memory_step.cpp`` in float32: the projection, then one call for
+        the convolution, activation, q/k norms, the memory's update and read, the output norm and
+        gate (the gates' own activations stay in PyTorch), then the output projection."""
+        L, c, B = self.layer, self.kernel, x.shape[0]
+        raw = self.proj.joined(x, torch.float32)
+        gates = {}
+        if c["gates_at"] is not None:
+            gates = self._gates(raw[:, c["gates_at"] : c["gates_at"] + sum(L.gate_sizes)])
+        theta = gates.get(L.rule.form.gate("step_size"))
+        alpha = gates.get(L.rule.form.gate("retention")) if self.retention else None
+        theta = None if theta is None else theta.reshape(B, self.Hv).contiguous()
+        alpha = None if alpha is None else alpha.reshape(B, self.Hv).contiguous()
+        y = torch.empty(B, self.Hv * self.Dv, dtype=torch.float32, device=x.device)
+        width, K = raw.shape[1], (self.conv.shape[1] if L.use_conv else 0)
+        ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
+        c["fn"](raw.data_ptr(), width, ptr(self.conv if K else None), ptr(self.conv_w if K else None), K,
+                L.params.qkv_activation == "silu", self.H, self.Hv, self.Dk, self.Dv, bool(L.params.qk_norm),
+                float(L.params.qk_norm_eps), float(L.q_scale), ptr(theta), ptr(alpha),
+                {None: 0, "before": 1, "after": 2}[self.retention], self.read_before, self.M.data_ptr(),
+                ptr(c["norm_w"]), c["norm_eps"], c["norm"], raw.data_ptr() + 4 * c["gate_at"], width,
+                c["gate_kind"], y.data_ptr(), B)
+        return matvec(L.o_proj.weight, y, dtype=x.dtype)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The step in PyTorch, in the activations' dtype (the readable form of `compiled`)."""
         L = self.layer
         parts = self.proj(x)
         qkv = torch.cat(parts[:3], dim=-1)

@@ -1,6 +1,9 @@
-"""The decode step's matrix-vector product on a CPU as a small C++ kernel (``csrc/matvec.cpp``):
-``x W^T`` for a few rows ``x`` against a float32 or bfloat16 weight, read once at the memory's
-bandwidth (a bfloat16 weight is widened in registers, so it reads half the bytes of float32).
+"""The decode step on a CPU as small C++ kernels (``csrc/``): the matrix-vector product
+(``matvec.cpp``: ``x W^T`` for a few rows ``x`` against a float32 or bfloat16 weight, read once at
+the memory's bandwidth; a bfloat16 weight is widened in registers, so it reads half the bytes of
+float32) and a delta-family memory layer's token after its projection (``memory_step.cpp``: the
+short convolution, the q/k norms, the memory's update and read in one pass over the memory, the
+output norm and gate).
 
 PyTorch's ``F.linear`` of one row runs a general matrix product and, for bfloat16 on a CPU without
 bfloat16 arithmetic, converts on the way; a token of decode is nothing but such products, so their
@@ -22,7 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-_SOURCE = Path(__file__).parent / "csrc" / "matvec.cpp"
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / "module.cpp", _CSRC / "matvec.cpp", _CSRC / "memory_step.cpp"]
 _state: dict[str, Any] = {}
 
 
@@ -31,7 +35,7 @@ def enabled() -> bool:
     return os.environ.get("ATLAS_CPU_KERNELS", "1").strip().lower() not in {"0", "false", "no", "off"}
 
 
-def _build() -> Callable | None:
+def _build() -> Any:
     import shutil
     import time
 
@@ -45,7 +49,7 @@ def _build() -> Callable | None:
     import hashlib
     import platform
 
-    tag = hashlib.sha256(_SOURCE.read_bytes() + platform.machine().encode()).hexdigest()[:10]
+    tag = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES) + platform.machine().encode()).hexdigest()[:10]
     name = f"atlas_matvec_{tag}"
     flags = ["-O3", "-fopenmp"] + (["-march=native"] if platform.machine() in {"x86_64", "AMD64"} else [])
     root = os.environ.get("ATLAS_KERNEL_CACHE") or Path.home() / ".cache" / "atlas" / "kernels"
@@ -57,7 +61,7 @@ def _build() -> Callable | None:
         print("atlas: compiling the CPU decode kernel for this machine (once)",
               file=sys.stderr, flush=True)
     try:
-        mod = cpp_extension.load(name, [str(_SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+        mod = cpp_extension.load(name, [str(p) for p in _SOURCES], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                                  build_directory=str(build_dir), verbose=False)
     except Exception as exc:  # a compiler error, a missing header: fall back, say it once
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -66,6 +70,24 @@ def _build() -> Callable | None:
         return None
     if fresh:
         print(f"atlas: CPU decode kernel ready ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
+    return mod
+
+
+def _module() -> Any:
+    """The compiled module, or None (module docstring)."""
+    if not enabled():
+        return None
+    if "mod" not in _state:
+        _state["mod"] = _build()
+    return _state["mod"]
+
+
+def kernel() -> Callable | None:
+    """The compiled ``matvec(W, x) -> x W^T`` (float32 ``x [B, K]``, float32 or bfloat16 ``W``,
+    both contiguous, on the CPU), or None (module docstring)."""
+    mod = _module()
+    if mod is None:
+        return None
     raw = mod.matvec
 
     def matvec(W: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -77,14 +99,11 @@ def _build() -> Callable | None:
     return matvec
 
 
-def kernel() -> Callable | None:
-    """The compiled ``matvec(W, x) -> x W^T`` (float32 ``x [B, K]``, float32 or bfloat16 ``W``,
-    both contiguous, on the CPU), or None (module docstring)."""
-    if not enabled():
-        return None
-    if "fn" not in _state:
-        _state["fn"] = _build()
-    return _state["fn"]
+def memory_kernel() -> Callable | None:
+    """The compiled memory step (``csrc/memory_step.cpp``: data pointers and sizes;
+    `atlas_core.decode.blocks.MemoryStep` calls it), or None (module docstring)."""
+    mod = _module()
+    return None if mod is None else mod.memory_step
 
 
 def usable(W: torch.Tensor, x: torch.Tensor) -> bool:
@@ -94,4 +113,4 @@ def usable(W: torch.Tensor, x: torch.Tensor) -> bool:
             and not torch.is_grad_enabled())
 
 
-__all__ = ["enabled", "kernel", "usable"]
+__all__ = ["enabled", "kernel", "memory_kernel", "usable"]

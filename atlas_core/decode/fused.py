@@ -23,15 +23,16 @@ from torch import nn
 from . import cpu_kernel
 
 
-def matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``x W^T + b`` for a few rows ``x: [B, K]``, in ``x``'s dtype."""
+def matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None,
+           dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x W^T + b`` for a few rows ``x: [B, K]``, in ``dtype`` (default: ``x``'s)."""
     fn = cpu_kernel.kernel() if cpu_kernel.usable(W, x) else None
     if fn is not None:
         y = fn(W, x.to(torch.float32).contiguous())
         if b is not None:
             y += b
-        return y.to(x.dtype)
-    return reference_matvec(W, x, b)
+        return y.to(dtype or x.dtype)
+    return reference_matvec(W, x, b).to(dtype or x.dtype)
 
 
 def reference_matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -68,6 +69,10 @@ class Fused:
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         """The modules' outputs for ``x: [B, K]``, in order."""
         return list(matvec(self.W, x, self.b).split(self.sizes, dim=-1))
+
+    def joined(self, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The modules' outputs side by side, ``[B, sum(sizes)]``, in ``dtype`` (default: ``x``'s)."""
+        return matvec(self.W, x, self.b, dtype)
 
 
 def _fused_already(mods: list[nn.Linear]) -> torch.Tensor | None:

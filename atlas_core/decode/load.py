@@ -52,6 +52,9 @@ def open_for_inference(path: str | Path, dtype: str | torch.dtype = torch.float3
     if supports(model)[0]:
         fuse_weights(model)  # the decoder's fused matrices, in place before the weights are read
     ckpt.load_model(model)
+    from ..allocator import release_free
+
+    release_free()  # the initial weights the checkpoint replaced (glibc keeps tensors < 32 MiB)
     model = model.to(resolve_device(device)).eval()
     model.spec, model.codec = ckpt.spec, ckpt.meta.codec()
     bpe = model.codec is not None and getattr(model.codec, "mode", None) == "bpe"

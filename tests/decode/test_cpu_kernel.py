@@ -1,6 +1,7 @@
 """The decode step's compiled CPU matrix-vector product (`atlas_core.decode.cpu_kernel`) against
 float64 arithmetic and against its readable reference, ``F.linear`` (`fused.reference_matvec`):
-float32 and bfloat16 weights, sizes that leave ragged row groups and vector tails, up to 8 rows;
+float32 and bfloat16 weights (bfloat16 rows 32 values a load where K allows), sizes that leave
+ragged row groups and vector tails, up to 8 rows;
 ``ATLAS_CPU_KERNELS=0`` runs the reference; a decoder gives the same logits either way."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def test_the_kernel_builds_where_a_compiler_is():
 
 @needs_compiler
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N,K,B", [(1, 1, 1), (7, 17, 1), (1027, 333, 3), (64, 1024, 8), (4099, 2048, 2)])
+@pytest.mark.parametrize("N,K,B", [(1, 1, 1), (7, 17, 1), (1027, 333, 3), (33, 96, 3), (64, 1024, 8), (4099, 2048, 2)])
 def test_kernel_equals_float64_and_the_reference(dtype, N, K, B):
     g = torch.Generator().manual_seed(N + K + B)
     W = torch.randn(N, K, generator=g).to(dtype)
