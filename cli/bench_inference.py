@@ -56,6 +56,8 @@ def inference(
     prefill: Annotated[str, typer.Option(help="comma-separated prompt lengths to prefill")] = "2048,8192",
     decode: Annotated[int, typer.Option(min=1, help="tokens decoded (timed) per row")] = 32,
     threads: Annotated[int, typer.Option(min=1, help="threads of every engine")] = 2,
+    rounds: Annotated[int, typer.Option(min=1, help="the engines take turns this many times; each row "
+                                        "reports the median (every round kept in the JSON)")] = 1,
     llama_bench: Annotated[Optional[str], typer.Option(help="a llama-bench binary (benchmarks/llama_cpp.py "
                                                        "builds one): llama.cpp on the same weights")] = None,
     cache: Annotated[Optional[Path], typer.Option(help="where the random checkpoints are kept (default "
@@ -81,7 +83,7 @@ def inference(
         raise typer.BadParameter(f"{prefill!r} is not a list of integers", param_hint="--prefill") from None
     data = run(names, kinds, prefill=lengths, decode=decode, threads=threads,
                engines=[e.strip() for e in engines.split(",") if e.strip()], llama_bench=llama_bench,
-               cache=cache or CACHE, log=log)
+               cache=cache or CACHE, log=log, rounds=rounds)
     if plot is not None:
         from atlas_core.bench.inference_plot import plot as make_plot
 

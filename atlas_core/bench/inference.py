@@ -151,10 +151,29 @@ def compare_logits(a: str, b: str) -> float:
     return float((x - y).abs().max() / y.abs().max())
 
 
+def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from an engine's rounds: each speed (``*_tok_s``) the median of its rounds, with every
+    round's value kept (``*_tok_s_rounds``); peak memory the largest; the rest from the first."""
+    import statistics
+
+    row = dict(runs[0])
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), (int, float)) and r.get(key)]
+        if key.endswith("_tok_s") and values:
+            row[key] = statistics.median(values)
+            row[f"{key}_rounds"] = values
+        elif key.endswith("rss_gib") and values:
+            row[key] = max(values)
+    return row
+
+
 def run(configs: list[str], dtypes: list[str], *, prefill: list[int], decode: int, threads: int,
         engines: list[str], llama_bench: str | None = None, cache: Path = CACHE,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every configuration x dtype x engine; a dict ``{"machine", "rows", "equivalence"}``."""
+        log: Callable[[str], None] = print, rounds: int = 1) -> dict[str, Any]:
+    """Every configuration x dtype x engine; a dict ``{"machine", "rows", "equivalence"}``. With
+    ``rounds`` > 1 the engines of a configuration and dtype take turns that many times (this
+    host's speed drifts by a fifth from one minute to the next), each row the median
+    (`merge_rounds`)."""
     import tempfile
 
     rows, checks = [], []
@@ -165,20 +184,27 @@ def run(configs: list[str], dtypes: list[str], *, prefill: list[int], decode: in
         paths = prepare(cfg, cache, log)
         with tempfile.TemporaryDirectory() as tmp:
             for dtype in dtypes:
-                for engine in engines:
-                    if engine == "transformers" and "hf" not in paths:
-                        continue
-                    if engine == "llama.cpp":
-                        if llama_bench is None or "hf" not in paths:
+                taken: dict[str, list[dict[str, Any]]] = {}
+                for turn in range(rounds):
+                    for engine in engines:
+                        if engine == "transformers" and "hf" not in paths:
                             continue
-                        row = _llama(llama_bench, paths["hf"], dtype, prefill, decode, threads, cache / name)
-                    else:
-                        src = paths["hf"] if engine == "transformers" else paths["atlas"]
-                        keep = f"{tmp}/{engine}-{dtype}.pt" if dtype == "float32" else None
-                        log(f"{name} {dtype} {engine}: measuring (prefill {prefill}, decode {decode} tokens)")
-                        row = measure(engine, src, dtype, prefill=prefill, decode=decode, threads=threads,
-                                      logits_out=keep)
-                    row.update(config=name, dtype=dtype, engine=engine)
+                        if engine == "llama.cpp":
+                            if llama_bench is None or "hf" not in paths:
+                                continue
+                            log(f"{name} {dtype} llama.cpp: measuring (round {turn + 1} of {rounds})")
+                            one = _llama(llama_bench, paths["hf"], dtype, prefill, decode, threads, cache / name)
+                        else:
+                            src = paths["hf"] if engine == "transformers" else paths["atlas"]
+                            keep = f"{tmp}/{engine}-{dtype}.pt" if dtype == "float32" and turn == 0 else None
+                            log(f"{name} {dtype} {engine}: measuring (prefill {prefill}, decode {decode} tokens; "
+                                f"round {turn + 1} of {rounds})")
+                            one = measure(engine, src, dtype, prefill=prefill, decode=decode, threads=threads,
+                                          logits_out=keep)
+                        taken.setdefault(engine, []).append(one)
+                for engine, runs in taken.items():
+                    row = merge_rounds(runs)
+                    row.update(config=name, dtype=dtype, engine=engine, rounds=len(runs))
                     if engine == "llama.cpp":  # the same weights: the bytes a token reads as atlas counts them
                         same = [r for r in rows if r["config"] == name and r["dtype"] == dtype
                                 and r.get("weight_bytes_per_token")]
@@ -225,7 +251,7 @@ def _llama(binary: str, hf_dir: str, dtype: str, prefill: list[int], decode: int
 
 def _line(row: dict[str, Any]) -> str:
     pre = ", ".join(f"prefill {k.split('_')[1]}: {v:.1f} tok/s" for k, v in row.items()
-                    if k.startswith("prefill_") and v)
+                    if k.startswith("prefill_") and k.endswith("_tok_s") and v)
     gbs = f" ({row['decode_gbs']:.1f} GB/s)" if row.get("decode_gbs") else ""
     rss = f", peak RSS {row['peak_rss_gib']:.2f} GiB" if row.get("peak_rss_gib") else ""
     if row.get("decode_peak_rss_gib"):

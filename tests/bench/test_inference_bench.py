@@ -34,3 +34,28 @@ def test_bench_inference_tiny(tmp_path):
     (check,) = data["equivalence"]
     assert check["ok"] and check["logits_rel_diff"] < 1e-4
     assert plot.stat().st_size > 1000
+
+
+def test_rounds_take_turns_and_report_the_median(tmp_path):
+    out = tmp_path / "inference.json"
+    result = CliRunner().invoke(make_app(), [
+        "bench", "inference", "--configs", "tiny", "--dtypes", "float32", "--engines", "atlas",
+        "--prefill", "16", "--decode", "2", "--threads", "1", "--rounds", "3", "--cache",
+        str(tmp_path / "cache"), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("round 3 of 3") == 1
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["rounds"] == 3 and len(row["decode_tok_s_rounds"]) == 3
+    assert row["decode_tok_s"] == sorted(row["decode_tok_s_rounds"])[1]
+    assert row["prefill_16_tok_s"] == sorted(row["prefill_16_tok_s_rounds"])[1]
+
+
+def test_merge_rounds():
+    from atlas_core.bench.inference import merge_rounds
+
+    runs = [{"decode_tok_s": 5.0, "prefill_8_tok_s": 9.0, "peak_rss_gib": 1.0, "load_s": 3.0},
+            {"decode_tok_s": 7.0, "prefill_8_tok_s": 8.0, "peak_rss_gib": 1.5, "load_s": 2.0},
+            {"decode_tok_s": 6.0, "prefill_8_tok_s": 7.0, "peak_rss_gib": 1.2, "load_s": 1.0}]
+    row = merge_rounds(runs)
+    assert row["decode_tok_s"] == 6.0 and row["prefill_8_tok_s"] == 8.0
+    assert row["decode_tok_s_rounds"] == [5.0, 7.0, 6.0] and row["peak_rss_gib"] == 1.5 and row["load_s"] == 3.0
