@@ -116,7 +116,7 @@ class MemoryStep:
 
     def _kernel_plan(self, act: torch.dtype) -> dict | None:
         """The compiled step's constants (``csrc/memory_step.cpp``), or None where it does not
-        compute this layer (then `_reference` runs): a CPU, a float32 memory, the sizes and the
+        compute this layer (then `reference` runs): a CPU, a float32 memory, the sizes and the
         kinds of norm, activation and output gate it knows."""
         from . import cpu_kernel
 
