@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 
 from .engine import Decoder, supports
+from .norm import argmax
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ def _sample(logits: torch.Tensor, usable: int | None, choose) -> torch.Tensor:
     if usable is not None and usable < last.shape[-1]:
         last = last.clone()
         last[:, usable:] = float("-inf")
+    if choose.greedy or choose.temperature == 0:  # Sampling's greedy choice, by the compiled argmax
+        return argmax(last.contiguous())
     return choose(last)
 
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..attention import rope
 from .fused import Fused, matvec
+from .norm import Norm
 
 #: the knobs of the delta family `MemoryStep` computes in place (each knob's default params)
 FAST_KNOBS = {"structure": {"core:linear"}, "bias": {"core:l2"}, "algorithm": {"core:gd"},
@@ -91,9 +92,10 @@ def fuse_weights(model) -> None:
 
 
 class MemoryStep:
-    """A delta-family memory block, one token a row (module docstring). Called as ``step(x)``."""
+    """A delta-family memory block, one token a row (module docstring), its activations in
+    ``act`` (the decoder's residual dtype; default the weights'). Called as ``step(x)``."""
 
-    def __init__(self, block, batch: int) -> None:
+    def __init__(self, block, batch: int, act: torch.dtype | None = None) -> None:
         L = block.memory
         self.block, self.layer = block, L
         self.retention = fast_retention(L)
@@ -102,14 +104,15 @@ class MemoryStep:
         self.H, self.Hv, self.G = L.heads, L.value_heads, L.groups
         self.Dk, self.Dv = L.d_rule_key, L.d_value
         self.gate_index = 3 if L.gate_names else None
-        dev, act = L.q_proj.weight.device, L.q_proj.weight.dtype
+        dev, act = L.q_proj.weight.device, act or L.q_proj.weight.dtype
         if L.use_conv:
             w = torch.cat([L.q_conv.weight, L.k_conv.weight, L.v_conv.weight])[:, 0]  # (C, K)
-            self.conv_w = w.t().contiguous()  # (K, C)
+            self.conv_w = w.t().to(act).contiguous()  # (K, C)
             self.conv = torch.zeros(batch, w.shape[1], w.shape[0], dtype=act, device=dev)
             self.conv_sizes = [L.q_conv.weight.shape[0], L.k_conv.weight.shape[0], L.v_conv.weight.shape[0]]
         self.M = torch.zeros(batch, self.Hv, self.Dv, self.Dk, dtype=torch.promote_types(act, torch.float32),
                              device=dev)
+        self.out_norm = Norm(L.out_norm, act) if L.params.output_norm else None
         self.kernel = self._kernel_plan(act)
         if self.kernel is not None and L.use_conv:  # the kernel keeps its window in float32
             self.conv, self.conv_w = self.conv.float(), self.conv_w.float()
@@ -229,8 +232,8 @@ class MemoryStep:
         if not self.read_before:
             y = (M @ q[..., None])[..., 0]
         y = y.to(x.dtype)
-        if L.params.output_norm:
-            y = L.out_norm(y)
+        if self.out_norm is not None:
+            y = self.out_norm(y.contiguous())
         y = y.reshape(B, -1)
         if L.output_gate == "sigmoid":
             y = y * torch.sigmoid(parts[-1])
@@ -269,29 +272,35 @@ class GenericMemoryStep:
         return self.rows[row]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for ``x: [B, d]``, the layer run in its weights' dtype, the
+        output in ``x``'s."""
+        act, x = x.dtype, x.to(next(self.layer.parameters()).dtype)
         if self.per_row:
             ys = []
             for r in range(x.shape[0]):
                 y, self.rows[r] = self.layer(x[r : r + 1, None], self.rows[r])
                 ys.append(y[:, 0])
-            return torch.cat(ys)
+            return torch.cat(ys).to(act)
         if self.st is None:  # the rows' states stacked into one batch (after a prefill)
             keys = self.rows[0].keys()
             self.st = {k: torch.cat([r[k] for r in self.rows]) for k in keys}
         y, self.st = self.layer(x[:, None], self.st)
-        return y[:, 0]
+        return y[:, 0].to(act)
 
 
 class AttentionStep:
-    """An attention block's attention, one token a row, over a preallocated key/value cache."""
+    """An attention block's attention, one token a row, over a preallocated key/value cache;
+    activations and the cache in ``act`` (the decoder's residual dtype; default the weights')."""
 
-    def __init__(self, block, batch: int, max_len: int) -> None:
+    def __init__(self, block, batch: int, max_len: int, act: torch.dtype | None = None) -> None:
         a = block.attn
         self.block, self.attn = block, a
         self.G, self.H, self.D = a.kv_heads, a.heads, a.head_dim
         self.slots = a.window if a.window is not None else max_len
         W, dev = a.qkv.weight, a.qkv.weight.device
-        self.k = torch.zeros(batch, self.G, self.slots, self.D, dtype=W.dtype, device=dev)
+        act = act or W.dtype
+        self.q_norm, self.k_norm = (Norm(a.q_norm, act), Norm(a.k_norm, act)) if a.qk_norm != "none" else (None, None)
+        self.k = torch.zeros(batch, self.G, self.slots, self.D, dtype=act, device=dev)
         self.v = torch.zeros_like(self.k)
         self.pos = torch.zeros(batch, dtype=torch.long, device=dev)  # tokens seen, per row
         self.rows = torch.arange(batch, device=dev)
@@ -312,17 +321,19 @@ class AttentionStep:
             keep = torch.arange(n)
         else:
             keep = torch.arange(max(0, n - (self.attn.window - 1)), n) % slots
-        return {"k": self.k[row : row + 1, :, keep].clone(), "v": self.v[row : row + 1, :, keep].clone(), "pos": n}
+        dtype = self.attn.qkv.weight.dtype  # as the block's own step carries it
+        return {"k": self.k[row : row + 1, :, keep].to(dtype, copy=True),
+                "v": self.v[row : row + 1, :, keep].to(dtype, copy=True), "pos": n}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         a, B = self.attn, x.shape[0]
         parts = matvec(a.qkv.weight, x, a.qkv.bias).split(a.split, dim=-1)
-        q, k, v = parts[:3]
+        q, k, v = (p.contiguous() for p in parts[:3])
         if a.qk_norm == "all":
-            q, k = a.q_norm(q), a.k_norm(k)
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.view(B, self.H, 1, self.D), k.view(B, self.G, 1, self.D), v.view(B, self.G, 1, self.D)
         if a.qk_norm == "head":
-            q, k = a.q_norm(q), a.k_norm(k)
+            q, k = self.q_norm(q), self.k_norm(k)
         pos = self.pos[:, None]  # (B, 1)
         if a.rotary:
             q, k = rope(q, pos, a.base, a.rotary), rope(k, pos, a.base, a.rotary)
@@ -360,4 +371,5 @@ class MlpStep:
         if self.swiglu:
             g, u = self.proj(x)
             return matvec(self.mlp.down.weight, F.silu(g) * u)
-        return self.mlp(x)
+        dtype = next(self.mlp.parameters()).dtype  # GELU, experts: the module in its weights' dtype
+        return self.mlp(x.to(dtype)).to(x.dtype)

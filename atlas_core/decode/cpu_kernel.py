@@ -3,7 +3,8 @@
 the memory's bandwidth; a bfloat16 weight is widened in registers, so it reads half the bytes of
 float32) and a delta-family memory layer's token after its projection (``memory_step.cpp``: the
 short convolution, the q/k norms, the memory's update and read in one pass over the memory, the
-output norm and gate).
+output norm and gate) and the row-wise work between the products (``rows.cpp``: the residual add
+with the RMSNorm after it, the greedy argmax over the vocabulary).
 
 PyTorch's ``F.linear`` of one row runs a general matrix product and, for bfloat16 on a CPU without
 bfloat16 arithmetic, converts on the way; a token of decode is nothing but such products, so their
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / "module.cpp", _CSRC / "matvec.cpp", _CSRC / "memory_step.cpp"]
+_SOURCES = [_CSRC / "module.cpp", _CSRC / "matvec.cpp", _CSRC / "memory_step.cpp", _CSRC / "rows.cpp"]
 _state: dict[str, Any] = {}
 
 
@@ -106,6 +107,12 @@ def memory_kernel() -> Callable | None:
     return None if mod is None else mod.memory_step
 
 
+def rows_kernels() -> Any | None:
+    """The compiled module's row-wise functions (``csrc/rows.cpp``: ``add_rms_norm``,
+    ``add_normed``, ``argmax``; `atlas_core.decode.norm` calls them), or None (module docstring)."""
+    return _module()
+
+
 def usable(W: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether the kernel computes ``x W^T`` for these tensors (a CPU, a few rows, the dtypes it has)."""
     return (W.device.type == "cpu" and W.dim() == 2 and x.dim() == 2 and x.shape[0] <= 8
@@ -113,4 +120,4 @@ def usable(W: torch.Tensor, x: torch.Tensor) -> bool:
             and not torch.is_grad_enabled())
 
 
-__all__ = ["enabled", "kernel", "memory_kernel", "usable"]
+__all__ = ["enabled", "kernel", "memory_kernel", "rows_kernels", "usable"]

@@ -18,9 +18,11 @@ hybrids included) with nothing per token but the work.
   the head applied to the new position only (`atlas_core.decode.blocks`). Rows advance together;
   each row has its own position (prompts of different lengths decode in one batch, each exactly
   as alone).
-- **Dtypes**: the model's weights' dtype (float32, or bfloat16 for half the bytes a token reads),
-  activations in it too; the memory of a parameter-free rule stays float32 (the layer runs its
-  rule in float32 when its weights are half precision, and so does `MemoryStep`).
+- **Dtypes**: the model's weights' dtype (float32, or bfloat16 for half the bytes a token reads);
+  the residual stream, the memory ``M``, the attention cache and the logits in float32 at least
+  (``Decoder.act``): a bfloat16 weight is widened in the product's registers, and the activations
+  are never rounded to bfloat16 (`atlas_core.decode.norm`). The layer itself runs its rule in
+  float32 when its weights are half precision, so the state `state` returns is what it carries.
 
 Every fast step has a readable reference: the model's own ``step`` on one token (tests compare the
 logits of every position, and the state, in float64). A model this engine cannot run (another
@@ -36,6 +38,7 @@ import torch
 
 from .blocks import AttentionStep, GenericMemoryStep, MemoryStep, MlpStep, fast_retention
 from .fused import matvec
+from .norm import Norm
 from .widen import widened_blocks
 
 
@@ -64,17 +67,22 @@ class Decoder:
         from ..lm import AttentionBlock
 
         self.model, self.batch, self.max_len, self.prefill_chunk = model.eval(), batch, max_len, prefill_chunk
+        # the residual stream's dtype: float32 at least (the weights' own where wider)
+        self.act = act = torch.promote_types(model.embed.weight.dtype, torch.float32)
         self.steps: list[Any] = []
+        self.norms: list[tuple[Norm | None, Norm]] = []  # each block's (mixer's, MLP's) norm
         for block in model.blocks:
             if isinstance(block, AttentionBlock):
-                mixer = AttentionStep(block, batch, max_len)
+                mixer, norm = AttentionStep(block, batch, max_len, act), block.norm_attn
             elif block.memory is None:
-                mixer = None
+                mixer, norm = None, None
             elif fast_retention(block.memory) is not False:
-                mixer = MemoryStep(block, batch)
+                mixer, norm = MemoryStep(block, batch, act), block.norm_mem
             else:
-                mixer = GenericMemoryStep(block, batch)
+                mixer, norm = GenericMemoryStep(block, batch), block.norm_mem
             self.steps.append((block, mixer, MlpStep(block.mlp)))
+            self.norms.append((None if norm is None else Norm(norm, act), Norm(block.norm_mlp, act)))
+        self.final_norm = Norm(model.norm, act)
         self.lengths = [0] * batch
         # an attention block without a window holds max_len keys a row
         self.bounded = any(isinstance(m, AttentionStep) and m.attn.window is None for _, m, _ in self.steps)
@@ -101,7 +109,7 @@ class Decoder:
                     logits, state = self.model.step(ids[:, s : s + self.prefill_chunk], state, last=True)
             self.load(r, state)
             self.lengths[r] = ids.shape[1]
-            out.append(logits[0, -1])
+            out.append(logits[0, -1].to(self.act))
         return torch.stack(out)
 
     def load(self, row: int, state: dict) -> None:
@@ -121,19 +129,24 @@ class Decoder:
         if any(n >= self.max_len for n in self.lengths) and self.bounded:
             raise ValueError(f"a row reached max_len={self.max_len} tokens: the attention cache is full")
         model = self.model
-        x = model.embed(ids)
-        for block, mixer, mlp in self.steps:
+        x = model.embed(ids).to(self.act)  # the residual stream (a fresh tensor: updated in place)
+        pending = None  # the last block output not yet added to x: added with the next norm
+        for (block, mixer, mlp), (n_mix, n_mlp) in zip(self.steps, self.norms):
+            post = getattr(block, "post", False)
+            if post and pending is not None:
+                x += pending
+                pending = None
             if mixer is not None:
-                post = getattr(block, "post", False)
-                norm = block.norm_attn if isinstance(mixer, AttentionStep) else block.norm_mem
-                y = mixer(x if post else norm(x))
-                x = x + (norm(y) if post else y)
-            if getattr(block, "post", False):
-                x = x + block.norm_mlp(mlp(x))
+                if post:
+                    n_mix.add_normed(x, mixer(x))
+                else:
+                    pending = mixer(n_mix(x, pending))
+            if post:
+                n_mlp.add_normed(x, mlp(x))
             else:
-                x = x + mlp(block.norm_mlp(x))
+                pending = mlp(n_mlp(x, pending))
         self.lengths = [n + 1 for n in self.lengths]
-        return matvec(model.head.weight, model.norm(x))
+        return matvec(model.head.weight, self.final_norm(x, pending))
 
 
 __all__ = ["Decoder", "supports"]

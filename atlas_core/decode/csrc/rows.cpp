@@ -1,0 +1,93 @@
+// Row-wise work of a decode step between its weight products, float32 and contiguous
+// (atlas_core/decode/norm.py holds the readable reference in PyTorch):
+//
+//   add_rms_norm   the residual add and the RMSNorm that follows it, one pass over each row:
+//                  x += r (r = 0: none);  out = x / sqrt(mean(x^2) + eps) * w (w = 0: no weight)
+//   add_normed     a post-norm block's residual:  x += r / sqrt(mean(r^2) + eps) * w
+//   argmax         each row's first index of its largest value (a NaN counts as the largest,
+//                  as in torch.argmax)
+//
+// Rows are a few (batch rows, or heads of one token); each is one cache-resident vector, so no
+// threads: the call is cheaper than handing work to a pool.
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+inline float inv_rms(const float* x, int64_t D, double eps) {
+  float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
+  return 1.f / std::sqrt(ss / float(D) + float(eps));
+}
+
+}  // namespace
+
+void add_rms_norm(uintptr_t x_, uintptr_t r_, uintptr_t w_, double eps, uintptr_t out_, int64_t rows,
+                  int64_t D) {
+  float* x = reinterpret_cast<float*>(x_);
+  const float* r = reinterpret_cast<const float*>(r_);
+  const float* w = reinterpret_cast<const float*>(w_);
+  float* out = reinterpret_cast<float*>(out_);
+  for (int64_t b = 0; b < rows; ++b) {
+    float* xb = x + b * D;
+    float* ob = out + b * D;
+    if (r) {
+      const float* rb = r + b * D;
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) xb[i] += rb[i];
+    }
+    const float s = inv_rms(xb, D, eps);
+    if (w) {
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) ob[i] = xb[i] * s * w[i];
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) ob[i] = xb[i] * s;
+    }
+  }
+}
+
+void add_normed(uintptr_t x_, uintptr_t r_, uintptr_t w_, double eps, int64_t rows, int64_t D) {
+  float* x = reinterpret_cast<float*>(x_);
+  const float* r = reinterpret_cast<const float*>(r_);
+  const float* w = reinterpret_cast<const float*>(w_);
+  for (int64_t b = 0; b < rows; ++b) {
+    float* xb = x + b * D;
+    const float* rb = r + b * D;
+    const float s = inv_rms(rb, D, eps);
+    if (w) {
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) xb[i] += rb[i] * s * w[i];
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < D; ++i) xb[i] += rb[i] * s;
+    }
+  }
+}
+
+void argmax(uintptr_t x_, int64_t rows, int64_t n, uintptr_t out_) {
+  const float* x = reinterpret_cast<const float*>(x_);
+  int64_t* out = reinterpret_cast<int64_t*>(out_);
+  pybind11::gil_scoped_release nogil;
+  for (int64_t b = 0; b < rows; ++b) {
+    const float* xb = x + b * n;
+    // the largest value in one vectorised pass (NaNs counted apart), then its first index
+    float best = -INFINITY;
+    int nan = 0;
+#pragma omp simd reduction(max : best) reduction(| : nan)
+    for (int64_t i = 0; i < n; ++i) {
+      best = xb[i] > best ? xb[i] : best;
+      nan |= xb[i] != xb[i];
+    }
+    int64_t at = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (nan ? xb[i] != xb[i] : xb[i] == best) {
+        at = i;
+        break;
+      }
+    out[b] = at;
+  }
+}
