@@ -20,6 +20,7 @@ import torch
 
 from atlas_core.decode import Decoder, blocks, engine, fused
 from atlas_core.decode.load import load_for_inference
+from atlas_core.decode.norm import argmax
 
 
 def main() -> None:
@@ -61,13 +62,13 @@ def main() -> None:
                       (blocks.AttentionStep, "attention"), (blocks.MlpStep, "mlp")):
         wrap(cls, name)
     dec = Decoder(model, max_len=64 + a.tokens)
-    nxt = dec.prefill([torch.arange(16) % model.vocab_size]).argmax(-1)
+    nxt = argmax(dec.prefill([torch.arange(16) % model.vocab_size]))
     for _ in range(3):
-        nxt = dec.step(nxt).argmax(-1)
+        nxt = argmax(dec.step(nxt))
     acc.clear()
     t = time.perf_counter()
     for _ in range(a.tokens):
-        nxt = dec.step(nxt).argmax(-1)
+        nxt = argmax(dec.step(nxt))
     total = (time.perf_counter() - t) / a.tokens
     big = torch.ones(1 << 28)
     big.sum()

@@ -91,6 +91,7 @@ def _weight_bytes(model: torch.nn.Module, tied: bool, embed: torch.Tensor) -> in
 def measure_atlas(job: dict[str, Any]) -> dict[str, Any]:
     from ..decode import Decoder
     from ..decode.load import load_for_inference
+    from ..decode.norm import argmax
 
     dtype = DTYPES[job["dtype"]]
     before = _rss_gib()
@@ -107,12 +108,12 @@ def measure_atlas(job: dict[str, Any]) -> dict[str, Any]:
         torch.save(dec.prefill([ids])[0].float(), job["logits_out"])
     dec = Decoder(model, max_len=64 + job["decode"])
     logits = dec.prefill([torch.randint(0, vocab, (16,), generator=gen)])
-    nxt = logits.argmax(-1)
+    nxt = argmax(logits)  # greedy, as `atlas_core.decode.generate` chooses
     for _ in range(2):  # warm-up
-        nxt = dec.step(nxt).argmax(-1)
+        nxt = argmax(dec.step(nxt))
     t = time.perf_counter()
     for _ in range(job["decode"]):
-        nxt = dec.step(nxt).argmax(-1)
+        nxt = argmax(dec.step(nxt))
     out["decode_tok_s"] = job["decode"] / (time.perf_counter() - t)
     out["decode_peak_rss_gib"] = _peak_gib()  # before any long prefill: what a decode needs
     del dec

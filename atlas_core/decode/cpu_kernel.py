@@ -4,7 +4,7 @@ the memory's bandwidth; a bfloat16 weight is widened in registers, so it reads h
 float32) and a delta-family memory layer's token after its projection (``memory_step.cpp``: the
 short convolution, the q/k norms, the memory's update and read in one pass over the memory, the
 output norm and gate) and the row-wise work between the products (``rows.cpp``: the residual add
-with the RMSNorm after it, the greedy argmax over the vocabulary).
+with the RMSNorm after it, the greedy argmax over the vocabulary, and `denormals_flushed`).
 
 PyTorch's ``F.linear`` of one row runs a general matrix product and, for bfloat16 on a CPU without
 bfloat16 arithmetic, converts on the way; a token of decode is nothing but such products, so their
@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -113,6 +114,20 @@ def rows_kernels() -> Any | None:
     return _module()
 
 
+@contextmanager
+def denormals_flushed() -> Iterator[None]:
+    """Float32 denormals flushed to zero (FTZ/DAZ) on this thread and every thread of ATen's pool
+    while the block runs, then as they were (``csrc/rows.cpp``: a chunked memory's decay products
+    fall below 1.2e-38, where the CPU's arithmetic takes a slow path); nothing without the kernel."""
+    mod = _module()
+    before = True if mod is None else mod.flush_denormals(True)
+    try:
+        yield
+    finally:
+        if not before:
+            mod.flush_denormals(False)
+
+
 def usable(W: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether the kernel computes ``x W^T`` for these tensors (a CPU, a few rows, the dtypes it has)."""
     return (W.device.type == "cpu" and W.dim() == 2 and x.dim() == 2 and x.shape[0] <= 8
@@ -120,4 +135,4 @@ def usable(W: torch.Tensor, x: torch.Tensor) -> bool:
             and not torch.is_grad_enabled())
 
 
-__all__ = ["enabled", "kernel", "memory_kernel", "rows_kernels", "usable"]
+__all__ = ["denormals_flushed", "enabled", "kernel", "memory_kernel", "rows_kernels", "usable"]

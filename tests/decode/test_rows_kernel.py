@@ -1,7 +1,8 @@
 """The compiled row-wise kernels of a decode step (``csrc/rows.cpp``: `Norm`'s residual add with
 the RMSNorm after it, a post-norm block's add, the argmax) against PyTorch: rows of several
 sizes, with and without a weight and a residual; the argmax's ties, NaN and infinities as
-``torch.argmax`` treats them; float64 and bfloat16 rows take the reference."""
+``torch.argmax`` treats them; float64 and bfloat16 rows take the reference; denormals flushed on
+every thread of the pool inside `denormals_flushed` and as they were after."""
 
 from __future__ import annotations
 
@@ -104,3 +105,19 @@ def test_argmax_equals_torch():
     odd = torch.randn(1, 37, generator=g)
     assert argmax(odd).tolist() == odd.argmax(-1).tolist()
     assert argmax(x.double()).tolist() == x.argmax(-1).tolist()  # float64: torch's own
+
+
+@needs_compiler
+def test_denormals_are_flushed_on_every_thread_inside_and_restored_after():
+    from atlas_core.decode.cpu_kernel import denormals_flushed
+
+    x = torch.full((1 << 18,), 1e-30)  # large enough for every thread of the pool to take a part
+    below = x * 1e-10  # 1e-40: a float32 denormal
+    assert (below != 0).all()
+    with denormals_flushed():
+        assert (x * 1e-10 == 0).all()
+        # nested: still on, and still on when the inner block ends
+        with denormals_flushed():
+            pass
+        assert (x * 1e-10 == 0).all()
+    assert (x * 1e-10 != 0).all()

@@ -13,6 +13,7 @@ void memory_step(uintptr_t raw, int64_t raw_stride, uintptr_t conv, uintptr_t co
 void add_rms_norm(uintptr_t x, uintptr_t r, uintptr_t w, double eps, uintptr_t out, int64_t rows, int64_t D);
 void add_normed(uintptr_t x, uintptr_t r, uintptr_t w, double eps, int64_t rows, int64_t D);
 void argmax(uintptr_t x, int64_t rows, int64_t n, uintptr_t out);
+bool flush_denormals(bool on);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("matvec", &matvec, "y = x W^T in float32 (data pointers)");
@@ -20,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += r; out = RMSNorm(x) (data pointers)");
   m.def("add_normed", &add_normed, "x += RMSNorm(r) (data pointers)");
   m.def("argmax", &argmax, "each row's first index of its largest value (data pointers)");
+  m.def("flush_denormals", &flush_denormals, "FTZ/DAZ on every thread of ATen's pool; returns the previous setting");
 }
