@@ -26,13 +26,16 @@ from . import cpu_kernel
 def matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None,
            dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x W^T + b`` for a few rows ``x: [B, K]``, in ``dtype`` (default: ``x``'s)."""
+    out = dtype or x.dtype
     fn = cpu_kernel.kernel() if cpu_kernel.usable(W, x) else None
     if fn is not None:
-        y = fn(W, x.to(torch.float32).contiguous())
+        if x.dtype != torch.float32 or not x.is_contiguous():  # (checked here: a no-op call costs more)
+            x = x.to(torch.float32).contiguous()
+        y = fn(W, x)
         if b is not None:
             y += b
-        return y.to(dtype or x.dtype)
-    return reference_matvec(W, x, b).to(dtype or x.dtype)
+        return y if out == torch.float32 else y.to(out)
+    return reference_matvec(W, x, b).to(out)
 
 
 def reference_matvec(W: torch.Tensor, x: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
