@@ -40,9 +40,14 @@ class Sampling:
     greedy: bool = False
     generator: torch.Generator | None = None
 
+    @property
+    def is_greedy(self) -> bool:
+        """Whether the choice is the most likely token (``greedy``, or ``temperature`` 0)."""
+        return self.greedy or self.temperature == 0
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """Next token ids ``[B]`` from last-position logits ``[B, vocab]``."""
-        if self.greedy or self.temperature == 0:
+        if self.is_greedy:
             return logits.argmax(dim=-1)
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")

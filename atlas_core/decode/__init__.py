@@ -36,7 +36,7 @@ def _sample(logits: torch.Tensor, usable: int | None, choose) -> torch.Tensor:
     if usable is not None and usable < last.shape[-1]:
         last = last.clone()
         last[:, usable:] = float("-inf")
-    if choose.greedy or choose.temperature == 0:  # Sampling's greedy choice, by the compiled argmax
+    if choose.is_greedy:  # Sampling's own choice, by the compiled argmax
         return argmax(last.contiguous())
     return choose(last)
 

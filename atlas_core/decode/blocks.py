@@ -131,11 +131,11 @@ class MemoryStep:
         sizes = [m.out_features for m in memory_projections(L)[0][:3]]
         if sizes != [self.H * self.Dk, self.H * self.Dk, self.Hv * self.Dv] or self.Hv % self.H:
             return None
-        norm = L.out_norm if L.params.output_norm else None
-        if norm is not None and not (isinstance(norm, torch.nn.RMSNorm) and tuple(norm.normalized_shape) == (self.Dv,)):
+        norm = self.out_norm  # its weight a copy in act (no second copy where act is float32)
+        if norm is not None and not (norm.rms and norm.shape == (self.Dv,)):
             return None
-        w = None if norm is None or norm.weight is None else norm.weight.detach().float().contiguous()
-        eps = 0.0 if norm is None else (norm.eps if norm.eps is not None else torch.finfo(act).eps)
+        w = None if norm is None or norm.w is None else norm.w.float()
+        eps = 0.0 if norm is None else norm.eps
         offsets = [0]
         for n in self.proj.sizes:
             offsets.append(offsets[-1] + n)
