@@ -54,6 +54,8 @@ NOT_RUN: list[tuple[str, str]] = [
     (r"^atlas bench\s*$", "the full sweep of docs/benchmarks.md (about 40 minutes)"),
     (r"^atlas bench inference --configs qwen3\.5", "builds and runs a 0.8B model beside transformers "
      "and llama.cpp (minutes to an hour); tests/bench/test_inference_bench.py runs it at a tiny size"),
+    (r"^atlas bench inference --configs (gated-)?deltanet-1\.3b", "builds and runs 1.3B models (about "
+     "ten minutes); tests/bench/test_inference_bench.py runs the command at a tiny size"),
     (r"benchmarks/decode_profile\.py ~/\.cache/atlas-bench", "reads the 2.8 GiB checkpoint `atlas bench "
      "inference` caches; the decoder it times is tested in tests/decode"),
     (r"--device cuda|\bcuda\b", "needs a GPU"),
@@ -64,11 +66,11 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     (r"--steps \d+", "--steps 2", "two optimizer steps show that a training command runs"),
     (r"^(atlas train\b(?!.*--steps).*)$", r"\1 --steps 2", "the same, where no --steps is given"),
     (r"--lengths [\d,]+", "--lengths 16", "one short sequence length per benchmark"),
-    (r"^(atlas bench\b(?!.*--lengths).*)$", r"\1 --lengths 16", "the same, where no "
+    (r"^(atlas bench\b(?! inference)(?!.*--lengths).*)$", r"\1 --lengths 16", "the same, where no "
      "--lengths is given"),
-    (r"^(atlas bench\b(?!.*--rules).*)$", r"\1 --rules delta", "one rule where the command "
+    (r"^(atlas bench\b(?! inference)(?!.*--rules).*)$", r"\1 --rules delta", "one rule where the command "
      "names none (all seven at once is tests/bench's and the full sweep's job)"),
-    (r"^(atlas bench\b.*)$", r"\1 --batch 1 --heads 1 --dim 4 --chunk 8 --exact-chunks 8 "
+    (r"^(atlas bench\b(?! inference).*)$", r"\1 --batch 1 --heads 1 --dim 4 --chunk 8 --exact-chunks 8 "
      "--decode-chunks 16,32 --decode-tokens 2 --repeats 1 --threads 1 --no-memory "
      "--no-baselines", "tiny benchmark sizes, strategies only (the flags given last win; "
      "tests/bench/test_bench_cli.py runs the baselines)"),
