@@ -206,19 +206,6 @@ _SPECIAL = "<|endoftext|>"
 _MERGES = [("Ġ", "t"), ("Ġ", "a"), ("t", "h"), ("i", "n"), ("e", "r"), ("a", "n"), ("o", "n"), ("r", "e")]
 
 
-def _byte_symbols() -> list[str]:
-    """GPT-2 byte-level alphabet: printable bytes stand for themselves, the rest shift to 256+."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return [out[b] for b in range(256)]
-
-
 def write_stand_in_tokenizer(directory: str | Path, vocab_size: int) -> None:
     """A small byte-level BPE (``tokenizer.json`` + ``tokenizer_config.json``) for a random checkpoint.
 
@@ -226,7 +213,9 @@ def write_stand_in_tokenizer(directory: str | Path, vocab_size: int) -> None:
     is below ``vocab_size`` (the converter pads the rest)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {s: i for i, s in enumerate(_byte_symbols())}
+    from atlas_core.hf.tokenizer import byte_symbols
+
+    vocab = {s: i for i, s in enumerate(byte_symbols())}
     for a, b in _MERGES:
         vocab.setdefault(a + b, len(vocab))
     if len(vocab) + 1 > vocab_size:
