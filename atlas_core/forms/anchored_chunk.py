@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from ..knobs.algorithm import broadcast_gate
-from .decay import decay_matrix, log_tiny
+from .decay import decay_matrix, drop_negligible, log_tiny
 from .key_decay_chunk import decayed_scores
 
 
@@ -133,7 +133,7 @@ def chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> di
         return {}
     alpha = chunk_stack(p.alpha, C, N, 1.0)  # [B, H, N, C]
     L = decay_matrix(alpha)
-    A = torch.cumprod(alpha, dim=-1)
+    A = drop_negligible(torch.cumprod(alpha, dim=-1))
     kern = {"L": L, "A": A}
     if not (gd_form and c == 1):  # a one-token window is a diagonal: not formed on the gd paths
         g_ext = torch.stack(window_chunks(F.pad(xg, (0, N * C - T)), C, c, N * C), dim=2)
@@ -151,9 +151,9 @@ def chunk_kernels(rule, p, xg, lag, C: int, c: int, T: int, gd_form: bool) -> di
             eta = chunk_stack(p.gates[f.gate("momentum")], C, N, 1.0)
             E = decay_matrix(eta)
             KZ = E * scale if c == 1 else E @ TW  # Z_t's coefficients
-            K = L @ KZ
-            P = torch.cumprod(eta, dim=-1)
-            PL = L @ P.unsqueeze(-1)  # [B, H, N, C, 1]
+            K = drop_negligible(L @ KZ)
+            P = drop_negligible(torch.cumprod(eta, dim=-1))
+            PL = drop_negligible(L @ P.unsqueeze(-1))  # [B, H, N, C, 1]
             kern.update(KZ=KZ, PL=PL, Pn=P[..., -1, None, None])
             kern["PLr"] = _shift_down(PL, 0.0) if f.read == "before" else PL
         kern["K"] = K

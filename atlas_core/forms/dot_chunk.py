@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .decay import log_tiny
+from .decay import log_floor, log_tiny
 
 
 
@@ -28,11 +28,13 @@ def _decays(alpha: torch.Tensor) -> torch.Tensor:
     """``L[..., t, j] = prod_{j<m<=t} alpha_m`` (0 above the diagonal) for ``alpha: [..., C]``,
     from running sums of ``log alpha`` inside the chunk: one C x C exponential, no matrix
     product. The log is floored at log(tiny) (-87 in float32), so a gate of exactly 0 gives
-    ``e^-87`` or less across it, with a finite gradient, and costs later differences nothing."""
+    ``e^-87`` or less across it, with a finite gradient, and costs later differences nothing.
+    Factors below `decay.decay_floor` are 0."""
     C = alpha.shape[-1]
     cs = log_tiny(alpha).cumsum(-1)
     upper = torch.ones(C, C, dtype=torch.bool, device=alpha.device).triu(1)
-    return torch.exp((cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(upper, float("-inf")))
+    seg = cs.unsqueeze(-1) - cs.unsqueeze(-2)
+    return torch.exp(seg.masked_fill(upper | (seg < log_floor(alpha.dtype)), float("-inf")))
 
 
 def applies(rule) -> bool:

@@ -81,7 +81,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .decay import decay_matrix
+from .decay import decay_matrix, drop_negligible
 from .tril_inverse import unit_lower_inverse
 
 #: systems of this size and more are solved by the batched inverse (`tril_inverse`): LAPACK's
@@ -218,13 +218,13 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
 
     # -- everything that does not depend on the memory, for all chunks at once --------------
     D = decay_matrix(gates)  # L (and E): [.., B, H, N, C, C]
-    A = torch.cumprod(gates[0], dim=-1)  # A_t: [B, H, N, C]
+    A = drop_negligible(torch.cumprod(gates[0], dim=-1))  # A_t: [B, H, N, C]
     L = D[0]
     if mom:
         E = D[1]
-        Pe = torch.cumprod(gates[1], dim=-1)
-        K = L @ E  # M_t's coefficient of the write of token j
-        PL = (L @ Pe.unsqueeze(-1)).squeeze(-1)  # M_t's coefficient of Z0
+        Pe = drop_negligible(torch.cumprod(gates[1], dim=-1))
+        K = drop_negligible(L @ E)  # M_t's coefficient of the write of token j
+        PL = drop_negligible((L @ Pe.unsqueeze(-1)).squeeze(-1))  # M_t's coefficient of Z0
         PLp = shift_down(PL, 0.0, dim=-1)
     else:
         K = L
@@ -265,6 +265,7 @@ def exact_pieces(rule, p, chunk_size: int, ext=None) -> ExactPieces:
         mix = chunk_ends(A, last)[..., None, None]
     # the UT transform of every chunk at once: W = (I + Nm)^-1 [A' X | -PL' X], U = (I + Nm)^-1 V
     W, U = unit_lower_solve(Nm, Wx, V)
+    W = drop_negligible(W)  # rows whose A' was dropped get it back from the solve's products
     return ExactPieces(W=W, U=U, Dn=Dn, Qs=Qs, Pm=Pm, mix=mix, tokens=T)
 
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .anchored_chunk import chunk_stack, window_chunks, window_matrix
+from .decay import drop_negligible
 
 
 def kernel_rows(a, e, w, rows, m: int):
@@ -97,7 +98,7 @@ def linear_kernels(rule, p, xg, lag, C: int, c: int, T: int) -> dict:
     if momentum:
         out.update(KZn=KZ, Pn=P[..., -1], PLn=PLs[..., -1])
         out["PLr"] = torch.cat([torch.zeros_like(PLs[..., :1]), PLs[..., :-1]], -1) if before else PLs
-    return out
+    return {name: drop_negligible(x) for name, x in out.items()}
 
 
 def _rows(x, i: int, C: int, m: int):
