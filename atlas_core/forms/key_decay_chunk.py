@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .decay import log_tiny
+from .decay import drop_negligible, log_tiny
 from .exact_chunk import unit_lower_solve
 
 BLOCK = 16  # sub-block of the score matrices (tokens)
@@ -193,15 +193,17 @@ def run_key_decay(rule, p, chunk_size: int):
     X, V, Q = chunks(p.phik), chunks(p.v), chunks(p.psi)  # [B, H, N, C, .]
     Xw = w.unsqueeze(-1) * X
     rq = b if after else bp
-    Pm = decayed_scores(Q, rq, Xw, b, strict=not after)  # the reads' weights of the errors
-    Qr = Q * torch.exp(rq)
+    # the loop's operands lose their negligible entries (`decay.decay_floor`)
+    Pm = drop_negligible(decayed_scores(Q, rq, Xw, b, strict=not after))  # the reads' weights of the errors
+    Qr = drop_negligible(Q * torch.exp(rq))
     bC = b[..., -1:, :]  # the chunk's total log-decay (padded tokens add 0)
-    Dn = (Xw * torch.exp(bC - b)).transpose(-1, -2)  # [B, H, N, Dk, C]
-    gC = torch.exp(bC).transpose(-1, -2)  # [B, H, N, Dk, 1]: S Diag(exp(b_C)), transposed
+    Dn = drop_negligible(Xw * torch.exp(bC - b)).transpose(-1, -2)  # [B, H, N, Dk, C]
+    gC = drop_negligible(torch.exp(bC)).transpose(-1, -2)  # [B, H, N, Dk, 1]: S Diag(exp(b_C)), transposed
     if l2:
         rs = b if retained else bp
         Nm = decayed_scores(X, rs, Xw, b, strict=True)
         Wsol, U = unit_lower_solve(Nm, X * torch.exp(rs), V)  # E = Wsol S^T - U
+        Wsol = drop_negligible(Wsol)
 
     def flat(x):
         return x.flatten(0, 1).unbind(1)  # [B H, ...] per chunk
