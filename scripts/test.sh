@@ -7,4 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/python_env.sh
 "$PY" scripts/print_versions.py  # what this run resolved to, at the top of the log (never fails)
-exec "$PY" -m pytest -q "$@"
+exec "$PY" -m pytest -q --durations=30 "$@"  # the slowest tests, at the end of the log
