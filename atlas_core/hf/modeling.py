@@ -15,6 +15,9 @@ Supported decoding: greedy and sampling (with any logits processors), batches of
 length. Not supported: padding (a zero in ``attention_mask``: the memory would absorb the pad
 tokens), ``inputs_embeds``, beam search and assisted decoding (the state cannot be reordered or
 rolled back).
+
+With labels, the loss is the next-token cross-entropy, plus a routed-expert model's
+load-balancing term in training mode when its spec sets ``[model.moe] aux_loss`` (`atlas_core.moe`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import PreTrainedModel
 
+from ..moe import take_balance_loss
 from .cache import AtlasMemoryCache
 from .config import AtlasConfig
 
@@ -207,6 +211,9 @@ class AtlasForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:
             shifted = logits[:, :-1].flatten(0, 1).float()
             loss = F.cross_entropy(shifted, labels[:, 1:].flatten().to(shifted.device), ignore_index=-100)
+        balance = take_balance_loss(self.model)  # a training forward with [model.moe] aux_loss > 0
+        if loss is not None and balance is not None:
+            loss = loss + balance.to(loss.dtype)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_NAME: cache})
         return out if return_dict is not False else out.to_tuple()
 

@@ -257,6 +257,9 @@ def _qwen(cfg: dict, tensors: dict, name: str, *, prefix: str, fused: str, moe: 
                             "shared_hidden": int(cfg.get("shared_expert_intermediate_size") or 0),
                             "shared_gate": True, "norm_topk": bool(cfg.get("norm_topk_prob", True)),
                             "blocks": [i + 1 for i in sparse]}
+            if cfg.get("output_router_logits") and cfg.get("router_aux_loss_coef"):
+                # transformers adds the load-balancing loss only where the model outputs router logits
+                model["moe"]["aux_loss"] = float(cfg["router_aux_loss_coef"])
     if issues:
         raise SpecError(issues)
     W, out = Weights(tensors, prefix), {}

@@ -3,7 +3,8 @@
 Every line of ``metrics.jsonl`` is one JSON object with ``"kind"``:
 
 - ``"train"``: ``step`` (optimizer steps done), ``loss`` (mean over the counted targets of the
-  global batch), ``lr``, ``grad_norm`` (before clipping), ``tokens_per_s``, ``elapsed_s``;
+  global batch), ``lr``, ``grad_norm`` (before clipping), ``tokens_per_s``, ``elapsed_s``, and
+  ``balance_loss`` (the routed experts' load-balancing term) where ``[model.moe] aux_loss > 0``;
 - ``"eval"``: ``step``, ``loss``, ``accuracy`` (argmax over the counted targets), ``perplexity``,
   ``tokens`` (counted targets evaluated);
 - ``"run"``: start / resume / interrupt / end markers with the step;

@@ -4,8 +4,12 @@
 summed over processes (DDP and FSDP average them over the N ranks, so N times the loss is
 back-propagated); global-norm clipping at ``grad_clip``; ``optimizer.step()``. With
 ``[train] grad_accum = N`` the rows run as N micro-batches whose gradients add up to the whole
-batch's, exchanged between processes once, after the last. With ``precision = "bf16"`` the forward pass runs under ``torch.autocast(dtype=torch.bfloat16)``; the
-loss is computed in float32.
+batch's, exchanged between processes once, after the last. With ``precision = "bf16"`` the
+forward pass runs under ``torch.autocast(dtype=torch.bfloat16)``; the loss is computed in float32.
+A routed-expert model with ``[model.moe] aux_loss > 0`` adds its load-balancing loss, taken per
+forward pass (each micro-batch on each rank) as transformers takes it, averaged over them
+(`atlas_core.moe`); the reported ``loss`` stays the cross-entropy, the balance term is reported
+beside it as ``balance_loss``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ def optimizer_step(forward: Callable[..., torch.Tensor], params: list[torch.Tens
                    optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor,
                    starts: torch.Tensor | None, *, dist: DistInfo, grad_clip: float,
                    autocast: Any, micro_batches: int = 1,
-                   no_sync: Callable[[], Any] | None = None) -> dict[str, float]:
+                   no_sync: Callable[[], Any] | None = None,
+                   extra_loss: Callable[[], torch.Tensor | None] | None = None) -> dict[str, float]:
     """One step (module docstring); returns the global loss, accuracy and gradient norm.
     ``starts`` (``[train] pack``): where documents begin in each row; the rows then run as one
     packed row with ``cu_seqlens`` (`atlas_core.varlen`), each document as if alone.
@@ -42,7 +47,9 @@ def optimizer_step(forward: Callable[..., torch.Tensor], params: list[torch.Tens
     is divided by the count of the whole step's targets, so the accumulated gradient is the one
     of all the rows in one batch. ``no_sync()``: a context in which a backward leaves the
     gradients unsynchronised across processes (DDP's ``no_sync``); every micro-batch but the
-    last runs in it, so gradients are exchanged once per step."""
+    last runs in it, so gradients are exchanged once per step. ``extra_loss()``: a term the
+    forward pass left to add (the load-balancing loss, `atlas_core.moe.take_balance_loss`), or
+    None."""
     rows = inputs.shape[0]
     if micro_batches < 1 or rows % micro_batches:
         raise ValueError(f"{rows} rows do not split into {micro_batches} equal micro-batches")
@@ -53,6 +60,7 @@ def optimizer_step(forward: Callable[..., torch.Tensor], params: list[torch.Tens
     size = rows // micro_batches
     loss_sum = torch.zeros((), dtype=torch.float64, device=inputs.device)
     hits = torch.zeros((), dtype=torch.float64, device=inputs.device)
+    extra_sum, extra_seen = torch.zeros((), dtype=torch.float64, device=inputs.device), False
     for i in range(micro_batches):
         part = slice(i * size, (i + 1) * size)
         last = i == micro_batches - 1
@@ -61,16 +69,26 @@ def optimizer_step(forward: Callable[..., torch.Tensor], params: list[torch.Tens
             ce, hit = _micro_batch(forward, inputs[part], targets[part],
                                    None if starts is None else starts[part], autocast)
             loss = ce / total.to(ce.dtype)
+            extra = extra_loss() if extra_loss is not None else None
+            objective = loss
+            if extra is not None:  # the mean over micro-batches and ranks
+                share = extra / (micro_batches * (dist.world if dist.active else 1))
+                objective = loss + share.to(loss.dtype)
+                extra_sum += share.detach().double()
+                extra_seen = True
             # DDP and FSDP average the gradients over ranks: N times the loss makes that the sum
-            (loss * dist.world if dist.active else loss).backward()
+            (objective * dist.world if dist.active else objective).backward()
         loss_sum += loss.detach().double()
         hits += hit
     clip = grad_clip if grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
     optimizer.step()
-    report = all_reduce_sum(torch.stack([loss_sum, hits]), dist)
-    return {"loss": float(report[0].item()), "accuracy": float(report[1] / total),
-            "grad_norm": float(full_value(grad_norm))}
+    report = all_reduce_sum(torch.stack([loss_sum, hits, extra_sum]), dist)
+    out = {"loss": float(report[0].item()), "accuracy": float(report[1] / total),
+           "grad_norm": float(full_value(grad_norm))}
+    if extra_seen:
+        out["balance_loss"] = float(report[2].item())
+    return out
 
 
 def _micro_batch(forward, inputs: torch.Tensor, targets: torch.Tensor,

@@ -171,6 +171,12 @@ class Trainer:
             self.params = [q for _, q in named_unique_parameters(self.model)]
             self.optimizer = build_optimizer(self.model, self.p)
 
+    def balance_loss(self) -> torch.Tensor | None:
+        """The routed experts' load-balancing term of the last forward (`atlas_core.moe`), or None."""
+        from ..moe import take_balance_loss
+
+        return take_balance_loss(self.model)
+
     @property
     def n_params(self) -> int:
         return sum(q.numel() for q in self.params)
@@ -189,7 +195,8 @@ class Trainer:
         return optimizer_step(self.forward, self.params, self.optimizer, inputs, targets, starts,
                               dist=self.dist, grad_clip=self.p.grad_clip,
                               autocast=autocast_for(self.p.precision, self.device),
-                              micro_batches=self.p.grad_accum, no_sync=self.no_sync)
+                              micro_batches=self.p.grad_accum, no_sync=self.no_sync,
+                              extra_loss=self.balance_loss)
 
     # -- checkpoints --------------------------------------------------------------------------
     def rng_state(self) -> dict[str, torch.Tensor]:

@@ -167,3 +167,41 @@ def test_equals_transformers_qwen3_next_sparse_moe_block(top_k, norm_topk):
     torch.testing.assert_close(moe.router.grad, hf.gate.weight.grad, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(moe.gate_up.grad, hf.experts.gate_up_proj.grad, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(moe.shared.down.weight.grad, hf.shared_expert.down_proj.weight.grad)
+
+
+def test_balance_loss_equals_transformers_pooled_over_blocks():
+    """``aux_loss`` times transformers' ``load_balancing_loss_func`` over the same blocks' router
+    logits (pooled counts and probabilities), with the same gradient to every router."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import load_balancing_loss_func
+
+    from atlas_core.moe import take_balance_loss
+
+    blocks = torch.nn.ModuleList([make(seed=s, top_k=2, aux_loss=0.01) for s in range(3)]).train()
+    xs = [tokens(seed=10 + s) for s in range(3)]
+    for moe, x in zip(blocks, xs):
+        moe(x)
+    got = take_balance_loss(blocks)
+    (g_got,) = torch.autograd.grad(got, [blocks[1].router])
+    logits = tuple(x.reshape(-1, D) @ moe.router.T for moe, x in zip(blocks, xs))
+    want = 0.01 * load_balancing_loss_func(logits, num_experts=E, top_k=2)
+    (g_want,) = torch.autograd.grad(want, [blocks[1].router])
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-6, atol=0)
+    # our router probabilities are float32 (transformers' softmax keeps float64 here)
+    torch.testing.assert_close(g_got, g_want.to(g_got.dtype), rtol=1e-5, atol=1e-6 * g_want.abs().max().item())
+    assert got.item() != pytest.approx(0.01 * 2)  # routers far from uniform: not the balanced value k
+
+
+def test_no_balance_statistics_without_a_coefficient_in_eval_or_once_taken():
+    from atlas_core.moe import take_balance_loss
+
+    x = tokens()
+    plain = make(top_k=2).train()
+    plain(x)
+    assert plain.balance is None and take_balance_loss(plain) is None
+    moe = make(top_k=2, aux_loss=0.01).eval()
+    moe(x)
+    assert take_balance_loss(moe) is None  # evaluation records nothing
+    moe.train()
+    moe(x)
+    assert take_balance_loss(moe) is not None
+    assert take_balance_loss(moe) is None  # taken once: a later forward starts afresh

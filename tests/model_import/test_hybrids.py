@@ -223,3 +223,37 @@ def test_missing_tensor_is_named(tmp_path):
     save_file(tensors, str(src / "model.safetensors"))
     with pytest.raises(SpecError, match="k_norm"):
         import_checkpoint(src, tmp_path / "out")
+
+
+def test_qwen3_next_training_loss_with_router_logits_equals_transformers(tmp_path):
+    """With ``output_router_logits`` transformers' training loss adds ``router_aux_loss_coef``
+    times the load-balancing loss: the import carries the coefficient (``[model.moe] aux_loss``)
+    and atlas's training objective (cross-entropy plus the balance term) equals transformers'
+    loss. Without ``output_router_logits`` (its default) transformers adds nothing, nor does the
+    import."""
+    import torch.nn.functional as F
+
+    from atlas_core.moe import take_balance_loss
+
+    model = hf_model("qwen3_next", seed=4, output_router_logits=True, router_aux_loss_coef=0.02)
+    import_checkpoint(save(model, tmp_path / "src"), tmp_path / "out")
+    atlas = ac.load(tmp_path / "out")
+    assert atlas.spec.model["moe"]["aux_loss"] == 0.02
+    ids = torch.randint(0, VOCAB, (2, 19), generator=torch.Generator().manual_seed(7))
+    want = model.train()(ids, labels=ids).loss
+    logits = atlas.train()(ids)
+    ce = F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    balance = take_balance_loss(atlas)
+    assert balance is not None and abs(ce.item() - want.item()) > 1e-3 * want.item()  # the term shows
+    assert abs((ce + balance).item() - want.item()) < 1e-5 * want.item()
+    # the Hugging Face export's loss with labels in training mode (what HF's Trainer and PEFT use)
+    import transformers
+
+    assert invoke("export-hf", tmp_path / "out", tmp_path / "hf").exit_code == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").train()
+    assert abs(hf(ids, labels=ids).loss.item() - want.item()) < 1e-5 * want.item()
+
+    plain = hf_model("qwen3_next", seed=4)
+    assert not plain.config.output_router_logits
+    import_checkpoint(save(plain, tmp_path / "src-plain"), tmp_path / "out-plain")
+    assert ac.load(tmp_path / "out-plain").spec.model["moe"]["aux_loss"] == 0.0
