@@ -15,7 +15,9 @@ hybrids included) with nothing per token but the work.
 - **Denormals**: prefill and step run with float32 denormals flushed to zero on every thread
   (`atlas_core.decode.cpu_kernel.denormals_flushed`, restored after): a chunked memory's decay
   products fall below 1.2e-38, where the CPU's arithmetic takes a slow path (a Qwen3.5-shaped
-  2,048-token prefill ran 1.37x slower); a value that small changes nothing a float32 logit shows.
+  2,048-token prefill ran 1.37x slower before the chunked forms dropped negligible factors
+  themselves, `atlas_core.forms.decay.decay_floor`; the flush catches what is left); a value that
+  small changes nothing a float32 logit shows.
 - **Decode** (`step`): per block one fused input projection, the state updated in place in
   buffers allocated once (the memory ``M``, the convolution's last inputs, the attention's key /
   value cache of ``max_len`` slots, or ``window`` slots), no validation, no registry or spec look-up,
